@@ -1,0 +1,171 @@
+"""Robot video domain: RT-1 action binning and frame metrics.
+
+Frames come either as the real env renders them, (N, H, W, 3) uint8, or as a decoder emits them,
+(N, 3, H, W) float in [0, 1]; numpy arrays and torch tensors both work. Every metric is computed on
+the [0, 1] scale and returns a per-sample (N,) float32 tensor on the frames' device.
+"""
+
+import numpy as np
+import torch
+
+from rlvr_gym.models.lpips import load_lpips
+
+ACTION_DIM = 7  # RT-1: world_vector 3, rotation_delta 3, gripper_closedness 1
+NUM_BINS = 256
+# Bin b stands for -1 + 2 b / 255, so -1, +1 (gripper open / closed) are exact and a round trip
+# is off by at most half the spacing, 1 / 255.
+BIN_SPACING = 2.0 / (NUM_BINS - 1)
+
+Frames = np.ndarray | torch.Tensor
+
+SSIM_WINDOW = 11
+SSIM_SIGMA = 1.5
+SSIM_K1, SSIM_K2 = 0.01, 0.03
+
+
+def actions_to_bins(actions: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Map actions [..., 7] in [-1, 1] (values outside are clipped) to int64 bins 0..255, per dimension."""
+    if not isinstance(actions, torch.Tensor):
+        actions = np.asarray(actions, dtype=np.float64)
+    if actions.shape[-1:] != (ACTION_DIM,):
+        raise ValueError(f"actions must have shape [..., {ACTION_DIM}] (RT-1 end-effector action), got {tuple(actions.shape)}")
+    if isinstance(actions, torch.Tensor):
+        if not torch.isfinite(actions).all():
+            raise ValueError("actions contain NaN or inf; check the policy output before binning")
+        return torch.round((actions.clamp(-1, 1) + 1) / BIN_SPACING).long()
+    if not np.isfinite(actions).all():
+        raise ValueError("actions contain NaN or inf; check the policy output before binning")
+    return np.rint((np.clip(actions, -1, 1) + 1) / BIN_SPACING).astype(np.int64)
+
+
+def bins_to_actions(bins: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Map int bins [..., 7] in 0..255 back to float32 actions in [-1, 1]."""
+    if not isinstance(bins, torch.Tensor):
+        bins = np.asarray(bins)
+    if bins.shape[-1:] != (ACTION_DIM,):
+        raise ValueError(f"bins must have shape [..., {ACTION_DIM}] (RT-1 end-effector action), got {tuple(bins.shape)}")
+    if bins.min() < 0 or bins.max() >= NUM_BINS:
+        raise ValueError(f"action bins must lie in 0..{NUM_BINS - 1}, got values in {int(bins.min())}..{int(bins.max())}")
+    if isinstance(bins, torch.Tensor):
+        return bins.double().mul(BIN_SPACING).sub(1).float()
+    return (bins.astype(np.float64) * BIN_SPACING - 1).astype(np.float32)
+
+
+def _as_tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    # torch.tensor copies, so read-only numpy arrays (e.g. from np.load) convert without a warning.
+    return x if isinstance(x, torch.Tensor) else torch.tensor(np.asarray(x))
+
+
+def frames_to_float(frames: Frames) -> torch.Tensor:
+    """(N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1] -> (N, 3, H, W) float32 tensor in [0, 1]."""
+    frames = _as_tensor(frames)
+    if frames.dtype == torch.uint8:
+        if frames.ndim != 4 or frames.shape[-1] != 3:
+            raise ValueError(f"uint8 frames must be (N, H, W, 3), got {tuple(frames.shape)}; add a batch axis with frames[None]")
+        return frames.permute(0, 3, 1, 2).float() / 255.0
+    if not frames.is_floating_point():
+        raise ValueError(f"frames must be uint8 (N, H, W, 3) or float (N, 3, H, W), got dtype {frames.dtype}")
+    if frames.ndim != 4 or frames.shape[1] != 3:
+        raise ValueError(f"float frames must be (N, 3, H, W), got {tuple(frames.shape)}; add a batch axis with frames[None]")
+    if frames.numel() and (frames.min() < 0 or frames.max() > 1):
+        raise ValueError(
+            f"float frames must lie in [0, 1], got values in [{frames.min().item():.3g}, {frames.max().item():.3g}]; "
+            "clamp decoder output with .clamp(0, 1)"
+        )
+    return frames.float()
+
+
+def _frame_pair(pred: Frames, target: Frames) -> tuple[torch.Tensor, torch.Tensor]:
+    pred, target = frames_to_float(pred), frames_to_float(target)
+    if pred.shape != target.shape:
+        raise ValueError(f"predicted and target frames differ in shape: {tuple(pred.shape)} vs {tuple(target.shape)} (as N, 3, H, W)")
+    return pred, target.to(pred.device)
+
+
+def mse(pred: Frames, target: Frames) -> torch.Tensor:
+    """Per-frame mean squared error on the [0, 1] scale."""
+    pred, target = _frame_pair(pred, target)
+    return (pred - target).pow(2).mean(dim=(1, 2, 3))
+
+
+def psnr(pred: Frames, target: Frames) -> torch.Tensor:
+    """Per-frame PSNR in dB with data range 1; identical frames give inf."""
+    return -10 * torch.log10(mse(pred, target))
+
+
+def _gaussian_band(size: int, device: torch.device) -> torch.Tensor:
+    """(size, size - 10) matrix whose column j holds the 1-D Gaussian window on rows j..j+10: `x @ band` blurs the last axis, valid part only."""
+    coords = torch.arange(SSIM_WINDOW, dtype=torch.float64, device=device) - SSIM_WINDOW // 2
+    g = torch.exp(-(coords**2) / (2 * SSIM_SIGMA**2))
+    g = g / g.sum()
+    offset = torch.arange(size, device=device)[:, None] - torch.arange(size - SSIM_WINDOW + 1, device=device)[None, :]
+    inside = (offset >= 0) & (offset < SSIM_WINDOW)
+    return torch.where(inside, g[offset.clamp(0, SSIM_WINDOW - 1)], torch.zeros((), dtype=torch.float64, device=device))
+
+
+def ssim(pred: Frames, target: Frames) -> torch.Tensor:
+    """Per-frame SSIM (Wang et al. 2004): 11x11 Gaussian window, sigma 1.5, data range 1, valid windows only, mean over channels.
+
+    Matches pytorch-msssim's `ssim(..., data_range=1, size_average=False)` and skimage's
+    `structural_similarity(gaussian_weights=True, sigma=1.5, use_sample_covariance=False, data_range=1)`.
+    """
+    pred, target = _frame_pair(pred, target)
+    if min(pred.shape[2:]) < SSIM_WINDOW:
+        raise ValueError(f"SSIM needs frames of at least {SSIM_WINDOW}x{SSIM_WINDOW}, got {tuple(pred.shape[2:])}")
+    # float64 because var = E[x^2] - mu^2 cancels badly in float32 on flat regions, where C2 is tiny.
+    pred, target = pred.double(), target.double()
+    band_h, band_w = _gaussian_band(pred.shape[2], pred.device), _gaussian_band(pred.shape[3], pred.device)
+
+    def blur(x: torch.Tensor) -> torch.Tensor:
+        # Separable Gaussian as two banded matmuls: an order of magnitude faster on CPU than a grouped conv2d.
+        return band_h.T @ x @ band_w
+
+    mu_x, mu_y = blur(pred), blur(target)
+    var_x = blur(pred * pred) - mu_x**2
+    var_y = blur(target * target) - mu_y**2
+    cov = blur(pred * target) - mu_x * mu_y
+    c1, c2 = SSIM_K1**2, SSIM_K2**2
+    ssim_map = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x**2 + mu_y**2 + c1) * (var_x + var_y + c2))
+    return ssim_map.mean(dim=(1, 2, 3)).float()
+
+
+def lpips_distance(pred: Frames, target: Frames) -> torch.Tensor:
+    """Per-frame LPIPS (v0.1, AlexNet); frames must be at least 31x31."""
+    pred, target = _frame_pair(pred, target)
+    model = load_lpips(pred.device)
+    with torch.no_grad():
+        return model(pred * 2 - 1, target * 2 - 1)
+
+
+def frame_reward(pred: Frames, target: Frames) -> torch.Tensor:
+    """RLVR-World's video reward, -(L1 + LPIPS) per frame, with L1 the mean absolute error on the [0, 1] scale."""
+    pred, target = _frame_pair(pred, target)
+    l1 = (pred - target).abs().mean(dim=(1, 2, 3))
+    return -(l1 + lpips_distance(pred, target))
+
+
+def changed_pixel_mse(pred: Frames, target: Frames, prev: Frames, threshold: float = 0.05) -> torch.Tensor:
+    """Per-frame MSE restricted to pixels that changed from `prev` to `target` (any channel by more than `threshold`, [0, 1] scale).
+
+    Copying the previous frame scores well on whole-frame metrics when little moves; this one
+    only looks where the scene moved. Frames where nothing changed give NaN.
+    """
+    pred, target = _frame_pair(pred, target)
+    prev = _frame_pair(prev, target)[0]
+    changed = ((target - prev).abs().amax(dim=1, keepdim=True) > threshold).float()
+    squared = (pred - target).pow(2) * changed
+    count = changed.sum(dim=(1, 2, 3)) * pred.shape[1]
+    return squared.sum(dim=(1, 2, 3)) / count
+
+
+def repetition_rate(pred_tokens: np.ndarray | torch.Tensor, prev_tokens: np.ndarray | torch.Tensor) -> float:
+    """Fraction of predicted frames whose token sequence equals the previous frame's; tokens are (N, ...) per frame."""
+    pred_tokens, prev_tokens = _as_tensor(pred_tokens), _as_tensor(prev_tokens)
+    if pred_tokens.shape != prev_tokens.shape or pred_tokens.ndim < 2:
+        raise ValueError(
+            f"token batches must both be (N, tokens per frame, ...) with the same shape, got {tuple(pred_tokens.shape)} and {tuple(prev_tokens.shape)}"
+        )
+    if pred_tokens.shape[0] == 0:
+        raise ValueError("repetition rate of an empty batch is undefined; pass at least one frame")
+    same = (pred_tokens == prev_tokens.to(pred_tokens.device)).flatten(1).all(dim=1)
+    return same.float().mean().item()

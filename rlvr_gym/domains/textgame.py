@@ -1,0 +1,450 @@
+"""Text-game domain: ByteSized32 states, compact prompts, diff targets, parsing, rebuilding, rewards and accuracy.
+
+State (the benchmark's field names):
+    {"objects": [{"name", "uuid", "type", "properties", "contains"}, ...], "score", "gameOver", "gameWon"}
+`properties` is a game-specific dict; `contains` lists the names of directly contained objects, in no meaningful order.
+
+Prompt: one line of compact JSON, `{"o": [objects], "s": {"s": score, "g": gameOver, "w": gameWon}, "a": action}`,
+then a newline. An object is `{"u": uuid, "n": name, "t": type, "p": properties, "c": [uuids]}`, where:
+- `n` drops the name's ` (ID: <uuid>)` suffix, which repeats the uuid; a name without that suffix goes under `N` verbatim;
+- `c` lists contained objects by uuid (a name matching no object stays a string), so a renamed object
+  (water -> ice) keeps its place in its container;
+- empty `p` and `c` are left out.
+
+Target: the diff, in the same compact JSON, `{"m": [objects changed or created, in full], "r": [removed uuids],
+"s": {changed score fields}}`; empty parts are left out, so "no change" is `{}`. In Python a diff is
+`{"modified": [objects], "removed": [uuids], "score": {field: value}}` with full field names, and the `contains`
+of its objects hold uuids. The next state is rebuilt from the current one and the diff.
+
+Objects created by the action (e.g. water from a tap) count here: they appear in the diff and a prediction is
+correct only if it creates them. The benchmark's own scorer drops them; we keep them because a simulator that
+cannot create objects cannot be stepped.
+
+Comparisons are strict about kind (True is not 1) and lenient where the games are: ints equal floats of the same
+value, lists equal tuples, and `contains` is compared as a multiset of names.
+
+Reward definitions (pairs are `(object uuid, property)`, with an object's `contains` counted as one more property):
+- property_acc: fraction of the gold next state's pairs whose value the prediction gets right;
+- changed_property_acc: over the pairs whose value (absence included: creation, removal) differs from the
+  current state in the gold next state or in the prediction, the fraction where prediction and gold agree;
+  1.0 when neither changes any pair, so inventing changes costs as much as missing them;
+- score_acc: fraction of score, gameOver, gameWon predicted right;
+- exact: the rebuilt state matches the gold one (`states_match`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from rlvr_gym.data.bytesized32 import Transition
+
+
+class GameObject(TypedDict):
+    name: str
+    uuid: int
+    type: str
+    properties: dict[str, Any]
+    contains: list[str]
+
+
+class State(TypedDict):
+    objects: list[GameObject]
+    score: float
+    gameOver: bool
+    gameWon: bool
+
+
+SCORE_FIELDS = ("score", "gameOver", "gameWon")
+_SCORE_KEYS = {"score": "s", "gameOver": "g", "gameWon": "w"}
+_SCORE_FIELD_OF = {v: k for k, v in _SCORE_KEYS.items()}
+_OBJECT_KEYS = {"u", "n", "N", "t", "p", "c"}
+_DIFF_KEYS = {"m", "r", "s"}
+_ID_SUFFIX = re.compile(r"^(.*) \(ID: (-?\d+)\)$", re.DOTALL)
+_MAX_DEPTH = 8  # property values nest 3 deep in the games; a bound keeps recursion safe on model output
+
+
+def empty_diff() -> dict[str, Any]:
+    """The diff of a step that changes nothing."""
+    return {"modified": [], "removed": [], "score": {}}
+
+
+def is_changed(current: State, next: State) -> bool:
+    """Whether any object property, contents (as a multiset), the object set or a score field differs."""
+    cur = {o["uuid"]: o for o in current["objects"]}
+    nxt = {o["uuid"]: o for o in next["objects"]}
+    if cur.keys() != nxt.keys():
+        return True
+    if any(_canon(current[f]) != _canon(next[f]) for f in SCORE_FIELDS):
+        return True
+    return any(
+        _canon(cur[u]["properties"]) != _canon(nxt[u]["properties"])
+        or sorted(cur[u]["contains"]) != sorted(nxt[u]["contains"])
+        for u in cur
+    )
+
+
+def format_prompt(state: State, action: str) -> str:
+    """The model's input: objects, score and action as one line of compact JSON, ending in a newline."""
+    prompt = {
+        "o": [_wire_object(o) for o in _by_uuid_contents(state)],
+        "s": {_SCORE_KEYS[f]: state[f] for f in SCORE_FIELDS},
+        "a": action,
+    }
+    return _dumps(prompt) + "\n"
+
+
+def make_diff(current: State, next: State) -> dict[str, Any]:
+    """The gold diff from `current` to `next`: changed or created objects in full, removed uuids, changed score fields."""
+    before = {o["uuid"]: o for o in _by_uuid_contents(current)}
+    modified = [o for o in _by_uuid_contents(next) if o["uuid"] not in before or _object_key(o) != _object_key(before[o["uuid"]])]
+    next_uuids = {o["uuid"] for o in next["objects"]}
+    return {
+        "modified": modified,
+        "removed": [u for u in before if u not in next_uuids],
+        "score": {f: next[f] for f in SCORE_FIELDS if _canon(current[f]) != _canon(next[f])},
+    }
+
+
+def format_target(diff: dict[str, Any]) -> str:
+    """The diff as compact JSON with a fixed key order; empty parts are left out."""
+    wire: dict[str, Any] = {}
+    if diff["modified"]:
+        wire["m"] = [_wire_object(o) for o in diff["modified"]]
+    if diff["removed"]:
+        wire["r"] = list(diff["removed"])
+    if diff["score"]:
+        wire["s"] = {_SCORE_KEYS[f]: diff["score"][f] for f in SCORE_FIELDS if f in diff["score"]}
+    return _dumps(wire)
+
+
+def parse_diff(text: str, current: State) -> tuple[dict[str, Any] | None, str | None]:
+    """Decode a model's target against the state it was predicted from: `(diff, None)` or `(None, error)`; never raises."""
+    try:
+        return _parse_diff(text, current), None
+    except _DiffError as e:
+        return None, str(e)
+    except (ValueError, RecursionError) as e:
+        return None, f"not valid JSON: {e}"
+
+
+def rebuild(current: State, diff: dict[str, Any]) -> State:
+    """The next state: `current` with the diff's objects replaced or appended, removals dropped, score fields updated."""
+    removed = set(diff["removed"])
+    modified = {o["uuid"]: o for o in diff["modified"]}
+    old = _by_uuid_contents(current)
+    objects = [modified.pop(o["uuid"], o) for o in old if o["uuid"] not in removed] + list(modified.values())
+    names = {o["uuid"]: o["name"] for o in old} | {o["uuid"]: o["name"] for o in objects}
+    next_state: dict[str, Any] = {
+        "objects": [
+            {**o, "contains": [names.get(c, str(c)) if isinstance(c, int) else c for c in o["contains"]]} for o in objects
+        ]
+    }
+    next_state.update({f: diff["score"].get(f, current[f]) for f in SCORE_FIELDS})
+    return next_state  # type: ignore[return-value]
+
+
+def states_match(pred: State, gold: State) -> bool:
+    """Same object set, and every object's properties and contents, score, gameOver and gameWon equal."""
+    return _pair_values(pred) == _pair_values(gold) and all(_canon(pred[f]) == _canon(gold[f]) for f in SCORE_FIELDS)
+
+
+def binary_reward(completions: list[str], current: list[State], next: list[State], **_: Any) -> list[dict[str, Any]]:
+    """1.0 when the completion's diff rebuilds the gold next state exactly, else 0.0 (TRL-style reward function)."""
+    rewards = []
+    for completion, cur, gold in _aligned(completions, current, next):
+        diff, error = parse_diff(completion, cur)
+        if error is not None:
+            rewards.append({"score": 0.0, "error": error})
+            continue
+        rewards.append({"score": float(states_match(rebuild(cur, diff), gold))})
+    return rewards
+
+
+def task_reward(completions: list[str], current: list[State], next: list[State], **_: Any) -> list[dict[str, Any]]:
+    """`0.09·property_acc + 0.01·score_acc + 0.2·exact + changed_property_acc` (definitions in the module docstring)."""
+    rewards = []
+    for completion, cur, gold in _aligned(completions, current, next):
+        diff, error = parse_diff(completion, cur)
+        if error is not None:
+            rewards.append({"score": 0.0, "error": error})
+            continue
+        parts = _task_components(cur, rebuild(cur, diff), gold)
+        score = 0.09 * parts["property_acc"] + 0.01 * parts["score_acc"] + 0.2 * parts["exact"] + parts["changed_property_acc"]
+        rewards.append({"score": score, **parts})
+    return rewards
+
+
+def accuracy_table(preds: Sequence[str], transitions: Sequence[Transition]) -> dict[str, float]:
+    """Exact-match accuracy of predicted targets, overall and on changed / unchanged transitions (NaN if none)."""
+    if len(preds) != len(transitions) or not transitions:
+        raise ValueError(f"need one prediction per transition and at least one: got {len(preds)} and {len(transitions)}")
+    correct = {True: [], False: []}
+    failures = 0
+    for text, t in zip(preds, transitions):
+        diff, error = parse_diff(text, t.current)
+        failures += error is not None
+        ok = error is None and states_match(rebuild(t.current, diff), t.next)
+        correct[is_changed(t.current, t.next)].append(ok)
+    n = len(transitions)
+    return {
+        "accuracy": (sum(correct[True]) + sum(correct[False])) / n,
+        "accuracy_changed": _mean(correct[True]),
+        "accuracy_unchanged": _mean(correct[False]),
+        "parse_failure_rate": failures / n,
+        "n": n,
+        "n_changed": len(correct[True]),
+    }
+
+
+def no_change_predictions(transitions: Sequence[Transition]) -> list[str]:
+    """The "no change" baseline: the empty diff for every transition."""
+    return [format_target(empty_diff())] * len(transitions)
+
+
+def balance(transitions: Sequence[Transition], changed: int = 100, unchanged: int = 40, seed: int = 0) -> list[Transition]:
+    """A shuffled sample with changed:unchanged transitions in the given ratio, keeping all of the scarcer kind.
+
+    The paper trains on 100:40 for the binary reward and 100:5 for the task-specific one.
+    """
+    if changed < 0 or unchanged < 0 or changed + unchanged == 0:
+        raise ValueError(f"changed and unchanged must be non-negative and not both 0, got {changed}:{unchanged}")
+    rng = random.Random(seed)
+    kinds = {True: [], False: []}
+    for t in transitions:
+        kinds[is_changed(t.current, t.next)].append(t)
+    n_changed, n_unchanged = len(kinds[True]), len(kinds[False])
+    if changed == 0 or unchanged == 0:
+        n_changed, n_unchanged = (n_changed, 0) if unchanged == 0 else (0, n_unchanged)
+    elif n_changed * unchanged > n_unchanged * changed:
+        n_changed = n_unchanged * changed // unchanged
+    else:
+        n_unchanged = n_changed * unchanged // changed
+    sample = rng.sample(kinds[True], n_changed) + rng.sample(kinds[False], n_unchanged)
+    rng.shuffle(sample)
+    return sample
+
+
+class _DiffError(Exception):
+    pass
+
+
+def _parse_diff(text: str, current: State) -> dict[str, Any]:
+    if not isinstance(text, str):
+        raise _DiffError(f"completion must be a string, got {type(text).__name__}")
+    wire = json.loads(text, parse_constant=_reject_constant)
+    if not isinstance(wire, dict):
+        raise _DiffError(f"expected a JSON object {{m, r, s}}, got {type(wire).__name__}")
+    if unknown := set(wire) - _DIFF_KEYS:
+        raise _DiffError(f"unknown diff keys {sorted(unknown)}; allowed: m (modified), r (removed), s (score)")
+    current_uuids = {o["uuid"] for o in current["objects"]}
+    current_objects = {o["uuid"]: o for o in current["objects"]}
+
+    removed = _list(wire.get("r", []), "r")
+    for u in removed:
+        if not _is_int(u):
+            raise _DiffError(f"removed uuids must be integers, got {u!r}")
+        if u not in current_uuids:
+            raise _DiffError(f"removed uuid {u} is not an object of the current state")
+    if len(set(removed)) != len(removed):
+        raise _DiffError("removed lists a uuid twice")
+
+    modified = [_parse_object(o, current_objects) for o in _list(wire.get("m", []), "m")]
+    uuids = [o["uuid"] for o in modified]
+    if len(set(uuids)) != len(uuids):
+        raise _DiffError("modified lists a uuid twice")
+    if both := set(uuids) & set(removed):
+        raise _DiffError(f"uuids {sorted(both)} are both modified and removed")
+    present = (current_uuids - set(removed)) | set(uuids)
+    for o in modified:
+        for c in o["contains"]:
+            if _is_int(c) and c not in present:
+                raise _DiffError(f"object {o['uuid']} contains uuid {c}, which is not an object after the step")
+
+    score_wire = wire.get("s", {})
+    if not isinstance(score_wire, dict):
+        raise _DiffError(f"s (score) must be an object, got {type(score_wire).__name__}")
+    if unknown := set(score_wire) - set(_SCORE_FIELD_OF):
+        raise _DiffError(f"unknown score keys {sorted(unknown)}; allowed: s (score), g (gameOver), w (gameWon)")
+    score = {_SCORE_FIELD_OF[k]: v for k, v in score_wire.items()}
+    if "score" in score and not _is_number(score["score"]):
+        raise _DiffError(f"score must be a number, got {score['score']!r}")
+    for f in ("gameOver", "gameWon"):
+        if f in score and not isinstance(score[f], bool):
+            raise _DiffError(f"{f} must be true or false, got {score[f]!r}")
+    return {"modified": modified, "removed": removed, "score": score}
+
+
+def _parse_object(wire: Any, current_objects: dict[int, GameObject]) -> dict[str, Any]:
+    if not isinstance(wire, dict):
+        raise _DiffError(f"a modified object must be a JSON object, got {type(wire).__name__}")
+    if unknown := set(wire) - _OBJECT_KEYS:
+        raise _DiffError(f"unknown object keys {sorted(unknown)}; allowed: u, n or N, t, p, c")
+    uuid = wire.get("u")
+    if not _is_int(uuid):
+        raise _DiffError(f"object uuid u must be an integer, got {uuid!r}")
+    if ("n" in wire) == ("N" in wire):
+        raise _DiffError(f"object {uuid} needs exactly one of n (name without ID suffix) or N (full name)")
+    name = wire.get("n", wire.get("N"))
+    if not isinstance(name, str):
+        raise _DiffError(f"object {uuid} name must be a string, got {name!r}")
+    type_ = wire.get("t")
+    if not isinstance(type_, str):
+        raise _DiffError(f"object {uuid} type t must be a string, got {type_!r}")
+    properties = wire.get("p", {})
+    if not isinstance(properties, dict):
+        raise _DiffError(f"object {uuid} properties p must be an object, got {type(properties).__name__}")
+    old = current_objects.get(uuid)
+    for key, value in properties.items():
+        if _depth(value) > _MAX_DEPTH:
+            raise _DiffError(f"object {uuid} property {key!r} nests deeper than {_MAX_DEPTH} levels")
+        if old is not None and key in old["properties"] and not _same_kind(old["properties"][key], value):
+            raise _DiffError(
+                f"object {uuid} property {key!r} must stay a {_kind(old['properties'][key])}, got {_kind(value)} {value!r}"
+            )
+    contains = _list(wire.get("c", []), f"object {uuid} c")
+    for c in contains:
+        if not (_is_int(c) or isinstance(c, str)):
+            raise _DiffError(f"object {uuid} contains must list uuids, got {c!r}")
+    return {
+        "name": f"{name} (ID: {uuid})" if "n" in wire else name,
+        "uuid": uuid,
+        "type": type_,
+        "properties": properties,
+        "contains": contains,
+    }
+
+
+def _by_uuid_contents(state: State) -> list[dict[str, Any]]:
+    """The state's objects with `contains` as uuids (first object of that name), unmatched names kept as strings."""
+    uuid_of: dict[str, int] = {}
+    for o in state["objects"]:
+        uuid_of.setdefault(o["name"], o["uuid"])
+    return [{**o, "contains": [uuid_of.get(name, name) for name in o["contains"]]} for o in state["objects"]]
+
+
+def _wire_object(obj: dict[str, Any]) -> dict[str, Any]:
+    wire: dict[str, Any] = {"u": obj["uuid"]}
+    match = _ID_SUFFIX.match(obj["name"])
+    if match and match.group(2) == str(obj["uuid"]):
+        wire["n"] = match.group(1)
+    else:
+        wire["N"] = obj["name"]
+    wire["t"] = obj["type"]
+    if obj["properties"]:
+        wire["p"] = obj["properties"]
+    if obj["contains"]:
+        wire["c"] = obj["contains"]
+    return wire
+
+
+def _object_key(obj: dict[str, Any]) -> tuple:
+    """What must match for an object (contents by uuid) to count as unchanged."""
+    return obj["name"], obj["type"], _canon(obj["properties"]), sorted(map(_canon, obj["contains"]))
+
+
+def _pair_values(state: State) -> dict[tuple, Any]:
+    """`(uuid, "p", key)` and `(uuid, "c")` pairs of a state, with canonical values."""
+    pairs: dict[tuple, Any] = {}
+    for o in state["objects"]:
+        for key, value in o["properties"].items():
+            pairs[(o["uuid"], "p", key)] = _canon(value)
+        pairs[(o["uuid"], "c")] = tuple(sorted(map(_canon, o["contains"])))
+    return pairs
+
+
+def _task_components(current: State, pred: State, gold: State) -> dict[str, float]:
+    cur, prd, gld = _pair_values(current), _pair_values(pred), _pair_values(gold)
+    missing = object()
+    property_acc = sum(prd.get(k, missing) == v for k, v in gld.items()) / max(len(gld), 1)
+    changed = {k for k in cur.keys() | gld.keys() if cur.get(k, missing) != gld.get(k, missing)}
+    changed |= {k for k in cur.keys() | prd.keys() if cur.get(k, missing) != prd.get(k, missing)}
+    agree = sum(prd.get(k, missing) == gld.get(k, missing) for k in changed)
+    return {
+        "property_acc": property_acc,
+        "changed_property_acc": agree / len(changed) if changed else 1.0,
+        "score_acc": sum(_canon(pred[f]) == _canon(gold[f]) for f in SCORE_FIELDS) / len(SCORE_FIELDS),
+        "exact": float(states_match(pred, gold)),
+    }
+
+
+def _canon(value: Any) -> Any:
+    """A hashable form in which True != 1, 2 == 2.0, and lists equal tuples."""
+    if isinstance(value, bool) or value is None:
+        return ("b", value)
+    if isinstance(value, (int, float)):
+        return ("n", value)
+    if isinstance(value, str):
+        return ("s", value)
+    if isinstance(value, (list, tuple)):
+        return ("l", tuple(_canon(v) for v in value))
+    if isinstance(value, dict):
+        return ("d", tuple(sorted((str(k), _canon(v)) for k, v in value.items())))
+    return ("o", repr(value))
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return "null"
+
+
+def _same_kind(old: Any, new: Any) -> bool:
+    return old is None or new is None or _kind(old) == _kind(new)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth, without recursing past `_MAX_DEPTH`."""
+    depth, level = 0, [value]
+    while level and depth <= _MAX_DEPTH:
+        depth += 1
+        level = [v for x in level if isinstance(x, (list, dict)) for v in (x.values() if isinstance(x, dict) else x)]
+    return depth if not level else depth + 1
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise _DiffError(f"{where} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _reject_constant(name: str) -> Any:
+    raise _DiffError(f"{name} is not valid JSON; write a finite number")
+
+
+def _aligned(completions: list[str], current: list[State], next: list[State]) -> zip:
+    if not len(completions) == len(current) == len(next):
+        raise ValueError(
+            f"completions, current and next must align, got {len(completions)}, {len(current)}, {len(next)}: "
+            "pass one current and one next state per completion"
+        )
+    return zip(completions, current, next)
+
+
+def _mean(values: list[bool]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

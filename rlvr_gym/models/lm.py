@@ -1,0 +1,87 @@
+"""Causal language models: small Llama configs trained from scratch here, or any local Hugging Face checkpoint."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # per-file load/save bars drown the training progress bar
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory is missing, incomplete or unreadable."""
+
+
+@dataclass
+class LlamaSize:
+    """A small Llama shape; ~6 x parameters FLOPs per trained token (CALIBRATION.md: 1.7k tokens/s at 5M)."""
+
+    hidden_size: int = 128
+    layers: int = 4
+    heads: int = 4
+    intermediate_size: int = 344
+    max_positions: int = 2048
+
+
+def build_llama(vocab_size: int, size: LlamaSize, tokenizer: PreTrainedTokenizerBase | None = None) -> LlamaForCausalLM:
+    special = {}
+    if tokenizer is not None:
+        special = dict(
+            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id
+        )
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=size.hidden_size,
+        intermediate_size=size.intermediate_size,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.heads,
+        max_position_embeddings=size.max_positions,
+        tie_word_embeddings=True,
+        **special,
+    )
+    return LlamaForCausalLM(config)
+
+
+def resolve_checkpoint(name_or_dir: str | os.PathLike) -> Path:
+    """A shipped checkpoint name (see `rlvr_gym/checkpoints/`) or a directory, checked to hold a model."""
+    path = Path(name_or_dir)
+    if not path.exists() and (SHIPPED_DIR / str(name_or_dir)).is_dir():
+        path = SHIPPED_DIR / str(name_or_dir)
+    if not path.is_dir():
+        shipped = sorted(p.name for p in SHIPPED_DIR.iterdir() if p.is_dir()) if SHIPPED_DIR.is_dir() else []
+        raise CheckpointError(f"checkpoint {str(name_or_dir)!r} is neither a directory nor a shipped name {shipped}")
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"checkpoint {path} has no config.json: not a Hugging Face model directory")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise CheckpointError(f"checkpoint {path} has no weights (*.safetensors): was it saved completely?")
+    return path
+
+
+def load_model(name_or_dir: str | os.PathLike, dtype: torch.dtype = torch.float32):
+    """Load (model, tokenizer) from a shipped name or a local Hugging Face directory; tokenizer may be None."""
+    path = resolve_checkpoint(name_or_dir)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except Exception as error:  # transformers raises many types for a damaged directory
+        raise CheckpointError(f"checkpoint {path} could not be loaded ({type(error).__name__}: {error})") from error
+    tokenizer = None
+    if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception as error:
+            raise CheckpointError(f"tokenizer in {path} could not be loaded ({type(error).__name__}: {error})") from error
+    return model, tokenizer
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

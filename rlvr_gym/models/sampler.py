@@ -1,0 +1,319 @@
+"""Batched autoregressive sampling with a KV cache, shared by the GRPO trainer and the learned simulators.
+
+Why not `model.generate`: on a small model on CPU, Python overhead per token dominates, and GRPO spends most
+of its time here. This loop
+- prefills each distinct prompt once and copies its cache to the G samples of its group,
+- runs Llama-family models (llama, qwen2) through a lean decoder over the model's own weights with a
+  preallocated cache (logits equal to the model's forward, checked in the tests); other causal LMs go through
+  their own forward with a `DynamicCache`,
+- drops finished rows from the batch, so one long completion does not make the whole batch pay,
+- takes *forced tokens* at given completion positions (video rollouts splice the real action tokens between
+  generated frames); the rollout marks them so the trainer leaves them out of the loss.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 64
+    """Completion length limit, forced tokens included."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0: all)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches p (1: all)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """A row ends after sampling one of these (the stop token is part of the completion)."""
+
+
+@dataclass
+class Rollout:
+    """Completions of a batch of prompts, `num_samples` consecutive rows per prompt."""
+
+    prompt_ids: list[list[int]]
+    """The prompt of each row."""
+    completion_ids: torch.Tensor
+    """(rows, max_new_tokens) long, padded with `pad_token_id` after a row ended."""
+    completion_mask: torch.Tensor
+    """(rows, max_new_tokens) bool: the positions that belong to the completion (stop token included)."""
+    forced_mask: torch.Tensor
+    """(rows, max_new_tokens) bool: positions whose token was forced rather than sampled."""
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.completion_mask.sum(1).tolist()
+
+    def completions(self) -> list[list[int]]:
+        return [row[mask].tolist() for row, mask in zip(self.completion_ids, self.completion_mask)]
+
+    def sampled_masks(self) -> list[list[bool]]:
+        """For each row's completion tokens: True where sampled, False where forced (left out of the loss)."""
+        return [(~forced)[mask].tolist() for forced, mask in zip(self.forced_mask, self.completion_mask)]
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set the logits outside the top-k / top-p set to -inf."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the tokens before it already reach top_p; the most likely token always stays.
+        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def next_tokens(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    if config.temperature == 0:
+        return logits.argmax(-1)
+    logits = filter_logits(logits.float() / config.temperature, config.top_k, config.top_p)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    config: SamplingConfig,
+    *,
+    num_samples: int = 1,
+    forced: Sequence[Mapping[int, int]] | None = None,
+    pad_token_id: int = 0,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Sample `num_samples` completions for each prompt (token ids).
+
+    `forced[i]` maps completion positions to the token that prompt i's samples must take there.
+    """
+    model = getattr(model, "module", model)  # DDP
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("sample() needs at least one prompt, and every prompt needs at least one token")
+    if forced is not None and len(forced) != len(prompts):
+        raise ValueError(f"forced has {len(forced)} entries for {len(prompts)} prompts")
+    T = config.max_new_tokens
+    rows = len(prompts) * num_samples
+    device = next(model.parameters()).device
+    forced_ids = torch.full((rows, T), -1, dtype=torch.long, device=device)
+    if forced is not None:
+        for i, positions in enumerate(forced):
+            for pos, tok in positions.items():
+                if not 0 <= pos < T:
+                    raise ValueError(f"forced position {pos} is outside the completion (max_new_tokens={T})")
+                forced_ids[i * num_samples : (i + 1) * num_samples, pos] = tok
+    stop = torch.tensor(sorted(config.stop_token_ids), dtype=torch.long, device=device)
+
+    decoder = make_decoder(model, prompts, max_len=max(map(len, prompts)) + T, device=device)
+    logits = decoder.prefill()
+    decoder.repeat(num_samples)
+    logits = logits.repeat_interleave(num_samples, 0)
+
+    out = torch.full((rows, T), pad_token_id, dtype=torch.long, device=device)
+    in_completion = torch.zeros((rows, T), dtype=torch.bool, device=device)
+    batch_rows = torch.arange(rows, device=device)  # the output row of each row in the running batch
+    alive = torch.ones(rows, dtype=torch.bool, device=device)
+    for t in range(T):
+        tokens = next_tokens(logits, config, generator)
+        forced_now = forced_ids[batch_rows, t]
+        tokens = torch.where(forced_now >= 0, forced_now, tokens)
+        out[batch_rows[alive], t] = tokens[alive]
+        in_completion[batch_rows[alive], t] = True
+        alive &= ~(torch.isin(tokens, stop) & (forced_now < 0))
+        if t == T - 1 or not alive.any():
+            break
+        # Copying the cache costs about as much as a few decode steps: drop ended rows once a quarter have ended.
+        if (~alive).sum() * 4 >= len(alive):
+            keep = alive.nonzero().squeeze(-1)
+            decoder.select(keep)
+            tokens, batch_rows, alive = tokens[keep], batch_rows[keep], alive[keep]
+        logits = decoder.step(tokens)
+    prompt_rows = [list(p) for p in prompts for _ in range(num_samples)]
+    return Rollout(prompt_rows, out, in_completion, in_completion & (forced_ids >= 0))
+
+
+def make_decoder(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device):
+    if LlamaDecoder.supports(model):
+        return LlamaDecoder(model, prompts, max_len, device)
+    return HFDecoder(model, prompts, max_len, device)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and the mask of real tokens, so that every row's last prompt token is at the same index."""
+    width = max(map(len, prompts))
+    ids = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[i, width - len(p) :] = True
+    return ids, mask
+
+
+class LlamaDecoder:
+    """Runs a Llama-family Hugging Face model's weights with a preallocated KV cache and few Python ops per step."""
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        config = getattr(model, "config", None)
+        if getattr(config, "model_type", None) not in ("llama", "qwen2"):
+            return False
+        return (
+            config.hidden_act == "silu"
+            and not getattr(config, "mlp_bias", False)
+            and getattr(config, "sliding_window", None) is None
+            and not model.training
+        )
+
+    def __init__(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device):
+        config = model.config
+        self.model = model
+        self.layers = model.model.layers
+        self.n_heads = config.num_attention_heads
+        self.n_kv = getattr(config, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        self.eps = config.rms_norm_eps
+        self.ids, self.key_valid = left_pad(prompts, device)
+        self.prompt_width = self.ids.shape[1]
+        self.has_padding = not bool(self.key_valid.all())
+        self.key_valid = F.pad(self.key_valid, (0, max_len - self.prompt_width), value=True)
+        positions = torch.arange(max_len, device=device)
+        self.positions = (positions - (~self.key_valid[:, : self.prompt_width]).sum(1, keepdim=True)).clamp(min=0)
+        dtype = model.model.embed_tokens.weight.dtype
+        cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=dtype, device=device), positions[None])
+        self.cos_table, self.sin_table = cos[0], sin[0]
+        self.weights = [self.fuse(layer) for layer in self.layers]
+        shape = (len(self.layers), len(prompts), self.n_kv, max_len, self.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @staticmethod
+    def fuse(layer) -> dict:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        bias = None
+        if attn.q_proj.bias is not None:
+            bias = torch.cat([p.bias for p in projections])
+        return {
+            "qkv": torch.cat([p.weight for p in projections]),
+            "qkv_bias": bias,
+            "o": attn.o_proj.weight,
+            "o_bias": attn.o_proj.bias,
+            "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            "down": mlp.down_proj.weight,
+            "norm1": layer.input_layernorm.weight,
+            "norm2": layer.post_attention_layernorm.weight,
+        }
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, -1)
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        B, q_len = ids.shape
+        start, end = self.length, self.length + q_len
+        positions = self.positions[:, start:end]
+        cos, sin = self.cos_table[positions][:, None], self.sin_table[positions][:, None]
+        if q_len > 1:
+            causal = torch.ones(q_len, end, dtype=torch.bool, device=ids.device).tril(start)
+            # A padding query attends to itself so that no softmax row is empty (an empty row gives NaN).
+            mask = (causal & self.key_valid[:, None, :end]) | torch.eye(q_len, end, dtype=torch.bool, device=ids.device)
+            mask = mask[:, None]
+        else:
+            mask = self.key_valid[:, None, None, :end] if self.has_padding else None
+        x = self.model.model.embed_tokens(ids)
+        gqa = self.n_kv != self.n_heads
+        for i, w in enumerate(self.weights):
+            h = self.rms_norm(x, w["norm1"])
+            qkv = F.linear(h, w["qkv"], w["qkv_bias"])
+            q, k, v = qkv.split([self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], -1)
+            q = self.rotate(q.view(B, q_len, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
+            k = self.rotate(k.view(B, q_len, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+            self.k_cache[i, :, :, start:end] = k
+            self.v_cache[i, :, :, start:end] = v.view(B, q_len, self.n_kv, self.head_dim).transpose(1, 2)
+            a = F.scaled_dot_product_attention(
+                q, self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end], attn_mask=mask, enable_gqa=gqa
+            )
+            x = x + F.linear(a.transpose(1, 2).reshape(B, q_len, -1), w["o"], w["o_bias"])
+            gate, up = F.linear(self.rms_norm(x, w["norm2"]), w["gate_up"]).chunk(2, -1)
+            x = x + F.linear(F.silu(gate) * up, w["down"])
+        self.length = end
+        return self.model.lm_head(self.rms_norm(x[:, -1], self.model.model.norm.weight)).float()
+
+    def prefill(self) -> torch.Tensor:
+        return self.forward(self.ids)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.forward(tokens[:, None])
+
+    def repeat(self, n: int) -> None:
+        if n == 1:
+            return
+        self.k_cache = self.k_cache.repeat_interleave(n, 1)
+        self.v_cache = self.v_cache.repeat_interleave(n, 1)
+        self.key_valid = self.key_valid.repeat_interleave(n, 0)
+        self.positions = self.positions.repeat_interleave(n, 0)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.k_cache = self.k_cache[:, rows]
+        self.v_cache = self.v_cache[:, rows]
+        self.key_valid = self.key_valid[rows]
+        self.positions = self.positions[rows]
+
+
+class HFDecoder:
+    """Any causal LM through its own forward with a `DynamicCache` (the general path)."""
+
+    def __init__(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.ids, self.attention_mask = left_pad(prompts, device)
+        self.cache = DynamicCache()
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.positions = (self.attention_mask.long().cumsum(1) - 1).clamp(min=0)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.attention_mask.long(),
+            position_ids=positions,
+            use_cache=True,
+            **{self.cache_arg: self.cache},
+        )
+        return out.logits[:, -1].float()
+
+    def prefill(self) -> torch.Tensor:
+        return self.forward(self.ids, self.positions)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.positions = self.positions[:, -1:] + 1
+        self.attention_mask = F.pad(self.attention_mask, (0, 1), value=True)
+        return self.forward(tokens[:, None], self.positions)
+
+    def repeat(self, n: int) -> None:
+        if n == 1:
+            return
+        self.cache.batch_repeat_interleave(n)
+        self.attention_mask = self.attention_mask.repeat_interleave(n, 0)
+        self.positions = self.positions.repeat_interleave(n, 0)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.attention_mask = self.attention_mask[rows]
+        self.positions = self.positions[rows]

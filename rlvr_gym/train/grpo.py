@@ -1,0 +1,311 @@
+"""The one RLVR trainer: GRPO (and Dr.GRPO, DAPO) on a verifiable reward, for any Hugging Face causal LM.
+
+Each step, on each process:
+1. sample `group_size` completions for each of `prompts_per_step` prompts (rlvr_gym.models.sampler);
+2. score them with the domain's reward, `reward_fn(completions=..., completion_ids=..., **columns) -> [dict]`,
+   each dict holding "score" and optional numeric components; an "error" entry marks a parse failure (score 0);
+3. advantages normalised within each group;
+4. clipped policy-ratio loss over the sampled (not forced) completion tokens, KL to the frozen starting model
+   with the k3 estimator (beta = 0 loads no reference model).
+Examples are dicts with "prompt_ids" (token ids), optional "forced" ({completion position: token id}) and any
+other columns, which reach the reward function by name ("prompt" arrives as `prompts`, as in TRL).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tqdm import tqdm
+
+from rlvr_gym.models.lm import load_model
+from rlvr_gym.models.sampler import Rollout, SamplingConfig, sample
+from rlvr_gym.train import run as R
+from rlvr_gym.train.batch import chunks, pack_batch, slice_batch, token_logprobs
+
+RewardFn = Callable[..., list[dict]]
+EvalFn = Callable[[torch.nn.Module], dict[str, float]]
+
+
+@dataclass
+class GRPOConfig(R.RunConfig):
+    lr: float = 1e-5
+    """Peak learning rate (AdamW)."""
+    prompts_per_step: int = 8
+    """Distinct prompts per optimizer step on each process."""
+    group_size: int = 8
+    """Completions sampled per prompt; advantages are normalised within each group."""
+    max_new_tokens: int = 64
+    """Completion length limit."""
+    temperature: float = 1.0
+    """Sampling temperature for rollouts."""
+    top_k: int = 0
+    """Top-k filter for rollouts (0: off)."""
+    top_p: float = 1.0
+    """Nucleus filter for rollouts (1: off)."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"
+    """grpo: std-normalised advantages, mean over each completion's tokens then over completions;
+    dr_grpo: advantages not divided by the std, token sum divided by a constant (rows x max_new_tokens);
+    dapo: std-normalised advantages, mean over all tokens of the batch (token-level)."""
+    epsilon: float = 0.2
+    """Lower clip range of the policy ratio (and upper, unless epsilon_high is set)."""
+    epsilon_high: float = 0.0
+    """Upper clip range (DAPO's clip-higher uses 0.28); 0 means equal to epsilon."""
+    beta: float = 1e-3
+    """Weight of the k3 KL penalty to the starting model; 0 loads no reference model."""
+    updates_per_batch: int = 1
+    """Optimizer steps on each sampled batch (mu); >1 makes the ratio and its clipping matter."""
+    micro_batch: int = 64
+    """Rows per forward/backward pass (gradient accumulation over the batch)."""
+
+
+# ---------------------------------------------------------------------------------------------------- the maths
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True) -> torch.Tensor:
+    """(r - group mean) / (group std + eps), or without the division when scale is False (Dr.GRPO)."""
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    grouped = rewards.view(-1, group_size)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    if scale:
+        std = grouped.std(1, keepdim=True) if group_size > 1 else torch.zeros_like(grouped[:, :1])
+        centred = centred / (std + 1e-4)
+    return centred.view(-1)
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(policy || reference) per token: exp(d) - d - 1, d = ref - policy (>= 0)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def policy_loss_terms(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon: float,
+    epsilon_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped surrogate loss and the mask of tokens where clipping is active."""
+    ratio = torch.exp(logp - old_logp)
+    a = advantages[:, None]
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + (epsilon_high or epsilon))
+    loss = -torch.min(ratio * a, clipped * a)
+    is_clipped = ((ratio < 1 - epsilon) & (a < 0)) | ((ratio > 1 + (epsilon_high or epsilon)) & (a > 0))
+    return loss, is_clipped
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, total_rows: int, total_tokens: int, width: int):
+    """Sum this micro-batch's share of the batch loss, normalised as loss_type says over the *whole* batch."""
+    masked = per_token * mask
+    if loss_type == "grpo":
+        return (masked.sum(1) / mask.sum(1).clamp(min=1)).sum() / total_rows
+    if loss_type == "dapo":
+        return masked.sum() / max(1, total_tokens)
+    if loss_type == "dr_grpo":
+        return masked.sum() / (total_rows * width)
+    raise ValueError(f"unknown loss_type {loss_type!r}: use grpo, dr_grpo or dapo")
+
+
+# ---------------------------------------------------------------------------------------------------- rewards
+
+
+def score_completions(reward_fn: RewardFn, completions: list, completion_ids: list[list[int]], columns: dict) -> dict:
+    """Call the reward function and check what it returns; bad samples become logged zeros, bad contracts raise."""
+    kwargs = {("prompts" if k == "prompt" else k): v for k, v in columns.items()}
+    results = reward_fn(completions=completions, completion_ids=completion_ids, **kwargs)
+    name = getattr(reward_fn, "__name__", repr(reward_fn))
+    if not isinstance(results, (list, tuple)) or len(results) != len(completions):
+        got = f"{type(results).__name__} of length {len(results)}" if hasattr(results, "__len__") else type(results).__name__
+        raise TypeError(f"reward function {name} must return a list of {len(completions)} dicts, got {got}")
+    scores, errors, invalid, components = [], 0, 0, {}
+    for r in results:
+        if not isinstance(r, dict) or "score" not in r:
+            raise TypeError(f"reward function {name} must return dicts with a 'score' entry, got {r!r}")
+        score = r["score"]
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+            invalid += 1
+            score = 0.0
+        if r.get("error"):
+            errors += 1
+        scores.append(float(score))
+        for key, value in r.items():
+            if key not in ("score", "error") and isinstance(value, (int, float)) and math.isfinite(value):
+                components.setdefault(key, []).append(float(value))
+    n = len(results)
+    return {
+        "scores": torch.tensor(scores),
+        "parse_failure_rate": errors / n,
+        "invalid_reward_rate": invalid / n,
+        "components": {k: sum(v) / len(v) for k, v in components.items()},
+    }
+
+
+def expand_columns(examples: Sequence[dict], group_size: int) -> dict:
+    columns = {}
+    for key in examples[0]:
+        if key in ("prompt_ids", "forced"):
+            continue
+        columns[key] = [ex[key] for ex in examples for _ in range(group_size)]
+    return columns
+
+
+# ---------------------------------------------------------------------------------------------------- the loop
+
+
+def check_examples(examples: Sequence[dict]) -> None:
+    if not examples:
+        raise ValueError("no training prompts: the example list is empty")
+    for i, ex in enumerate(examples):
+        ids = ex.get("prompt_ids") if isinstance(ex, dict) else None
+        if not ids:
+            raise ValueError(f"example {i} has no 'prompt_ids' (a non-empty list of token ids)")
+
+
+def train_grpo(
+    config: GRPOConfig,
+    reward_fn: RewardFn,
+    examples: Sequence[dict],
+    eval_fn: EvalFn | None = None,
+    decode: Callable[[list[int]], str] | None = None,
+) -> Path:
+    """Run GRPO from config.model (or resume); returns the directory of the final model.
+
+    `decode` turns completion ids into what the reward sees as `completions` (default: the tokenizer's decode;
+    with no tokenizer, the id lists themselves). `eval_fn(model)` runs on rank 0 at step 0, every eval_every
+    steps and at the end, and its metrics are logged under eval/.
+    """
+    check_examples(examples)
+    if config.max_new_tokens < 1 or config.group_size < 1 or config.prompts_per_step < 1:
+        raise ValueError("max_new_tokens, group_size and prompts_per_step must all be at least 1")
+    d = R.setup_processes(config.threads)
+    run_dir = R.prepare_run_dir(config, d)
+    model, tokenizer, start_path = R.start_model(config, run_dir)
+    model.to(d.device)
+    reference = None
+    if config.beta > 0:
+        reference, _ = load_model(config.model)
+        reference.to(d.device).eval().requires_grad_(False)
+    optimizer, scheduler = R.make_optimizer(model, config)
+    step = 0
+    if config.resume and start_path != config.model:
+        step, _ = R.load_checkpoint(Path(start_path), optimizer, scheduler)
+    ddp_model = R.wrap_ddp(model, d)
+    if decode is None and tokenizer is not None:
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
+    stop_ids = ()
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        stop_ids = (tokenizer.eos_token_id,)
+    sampling = SamplingConfig(config.max_new_tokens, config.temperature, config.top_k, config.top_p, stop_ids)
+    logger = R.MetricsLogger(run_dir, d.is_main, resumed_step=step)
+
+    def evaluate(at_step: int) -> None:
+        if eval_fn is not None and d.is_main:
+            model.eval()
+            logger.log(at_step, {f"eval/{k}": v for k, v in eval_fn(model).items()})
+        R.barrier(d)
+
+    if step == 0:
+        evaluate(0)
+    bar = tqdm(total=config.steps, initial=step, desc="grpo", disable=not d.is_main, dynamic_ncols=True)
+    while step < config.steps:
+        started = time.perf_counter()
+        idx = R.batch_indices(len(examples), config.prompts_per_step, step, config.seed, d.rank, d.world_size)
+        batch_examples = [examples[i] for i in idx]
+        model.eval()
+        rollout = sample(
+            model,
+            [ex["prompt_ids"] for ex in batch_examples],
+            sampling,
+            num_samples=config.group_size,
+            forced=[ex.get("forced", {}) for ex in batch_examples],
+            pad_token_id=pad_id,
+            generator=R.step_generator(config.seed, step, d.rank),
+        )
+        sampled = time.perf_counter()
+        completion_ids = rollout.completions()
+        completions = [decode(c) for c in completion_ids] if decode else completion_ids
+        scored = score_completions(reward_fn, completions, completion_ids, expand_columns(batch_examples, config.group_size))
+        rewards = scored["scores"]
+        advantages = group_advantages(rewards, config.group_size, scale=config.loss_type != "dr_grpo")
+
+        batch = pack_batch(rollout.prompt_ids, completion_ids, pad_id, rollout.sampled_masks())
+        rows = batch["completion_ids"].shape[0]
+        total_tokens = int(batch["loss_mask"].sum())
+        model.train()
+        old_logp = ref_logp = None
+        with torch.no_grad():
+            if config.updates_per_batch > 1:
+                old_logp = torch.cat([token_logprobs(model, slice_batch(batch, s, d.device))[0].cpu() for s in chunks(rows, config.micro_batch)])
+            if reference is not None:
+                ref_logp = torch.cat([token_logprobs(reference, slice_batch(batch, s, d.device))[0].cpu() for s in chunks(rows, config.micro_batch)])
+        stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
+        for update in range(config.updates_per_batch):
+            micro = chunks(rows, config.micro_batch)
+            for j, s in enumerate(micro):
+                mb = slice_batch(batch, s, d.device)
+                mask = mb["loss_mask"]
+                last = j == len(micro) - 1
+                sync = ddp_model.no_sync() if (d.world_size > 1 and not last) else nullcontext()
+                with sync:
+                    logp, entropy = token_logprobs(ddp_model, mb, with_entropy=update == 0)
+                    old = old_logp[s].to(d.device) if old_logp is not None else logp.detach()
+                    per_token, clipped = policy_loss_terms(logp, old, advantages[s].to(d.device), config.epsilon, config.epsilon_high)
+                    if ref_logp is not None:
+                        kl = k3_kl(logp, ref_logp[s].to(d.device))
+                        per_token = per_token + config.beta * kl
+                        stats["kl"] += float((kl * mask).sum()) / max(1, total_tokens) / config.updates_per_batch
+                    loss = aggregate(per_token, mask, config.loss_type, rows, total_tokens, config.max_new_tokens)
+                    loss.backward()
+                stats["loss"] += float(loss) / config.updates_per_batch
+                stats["clip_fraction"] += float((clipped * mask).sum()) / max(1, total_tokens) / config.updates_per_batch
+                if entropy is not None:
+                    stats["entropy"] += float((entropy * mask).sum()) / max(1, total_tokens)
+            if config.max_grad_norm > 0:
+                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        step += 1
+
+        elapsed = time.perf_counter() - started
+        grouped = rewards.view(-1, config.group_size)
+        metrics = {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "reward/parse_failure_rate": scored["parse_failure_rate"],
+            "reward/invalid_rate": scored["invalid_reward_rate"],
+            "reward/groups_without_signal": float((grouped.std(1) == 0).float().mean()) if config.group_size > 1 else 1.0,
+            **{f"reward/{k}": v for k, v in scored["components"].items()},
+            **{f"train/{k}": v for k, v in stats.items()},
+            "train/lr": scheduler.get_last_lr()[0],
+            "completion/length_mean": float(rollout.completion_mask.sum(1).float().mean()),
+            "time/samples_per_s": rows / elapsed,
+            "time/sampling_fraction": (sampled - started) / elapsed,
+        }
+        metrics = R.mean_across_ranks(d, metrics)
+        if step % config.log_every == 0 or step == config.steps:
+            logger.log(step, metrics)
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", fail=f"{metrics['reward/parse_failure_rate']:.2f}")
+        if step % config.save_every == 0 or step == config.steps:
+            if d.is_main:
+                R.save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, config.keep_checkpoints)
+            R.barrier(d)
+        if (config.eval_every and step % config.eval_every == 0) or step == config.steps:
+            evaluate(step)
+    bar.close()
+    final = run_dir / "final"
+    if d.is_main:
+        final = R.save_final(run_dir, model, tokenizer)
+    R.barrier(d)
+    logger.close()
+    return final
