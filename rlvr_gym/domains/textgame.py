@@ -38,7 +38,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
@@ -301,8 +301,8 @@ def _parse_object(wire: Any, current_objects: dict[int, GameObject]) -> dict[str
         raise _DiffError(f"object {uuid} properties p must be an object, got {type(properties).__name__}")
     old = current_objects.get(uuid)
     for key, value in properties.items():
-        if _depth(value) > _MAX_DEPTH:
-            raise _DiffError(f"object {uuid} property {key!r} nests deeper than {_MAX_DEPTH} levels")
+        if problem := _check_value(value):
+            raise _DiffError(f"object {uuid} property {key!r} {problem}")
         if old is not None and key in old["properties"] and not _same_kind(old["properties"][key], value):
             raise _DiffError(
                 f"object {uuid} property {key!r} must stay a {_kind(old['properties'][key])}, got {_kind(value)} {value!r}"
@@ -406,13 +406,17 @@ def _same_kind(old: Any, new: Any) -> bool:
     return old is None or new is None or _kind(old) == _kind(new)
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth, without recursing past `_MAX_DEPTH`."""
-    depth, level = 0, [value]
-    while level and depth <= _MAX_DEPTH:
+def _check_value(value: Any) -> str | None:
+    """Why a property value is unusable (nested too deep, or a non-finite number), or None; never recurses."""
+    level, depth = [value], 0
+    while level:
         depth += 1
+        if depth > _MAX_DEPTH:
+            return f"nests deeper than {_MAX_DEPTH} levels"
+        if any(isinstance(v, float) and not math.isfinite(v) for v in level):
+            return "is not a finite number"
         level = [v for x in level if isinstance(x, (list, dict)) for v in (x.values() if isinstance(x, dict) else x)]
-    return depth if not level else depth + 1
+    return None
 
 
 def _list(value: Any, where: str) -> list:
@@ -433,7 +437,7 @@ def _reject_constant(name: str) -> Any:
     raise _DiffError(f"{name} is not valid JSON; write a finite number")
 
 
-def _aligned(completions: list[str], current: list[State], next: list[State]) -> zip:
+def _aligned(completions: list[str], current: list[State], next: list[State]) -> Iterator[tuple[str, State, State]]:
     if not len(completions) == len(current) == len(next):
         raise ValueError(
             f"completions, current and next must align, got {len(completions)}, {len(current)}, {len(next)}: "

@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
 from rlvr_gym.models.sampler import SamplingConfig, sample
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
+from rlvr_gym.train.run import barrier, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
 
 log = logging.getLogger("rlvr_gym")
@@ -117,12 +118,14 @@ def run_demo(config: DemoConfig) -> dict:
     tokenizer = char_tokenizer()
     train = make_examples(config.train_examples, config.seed, config.min_len, config.max_len, tokenizer)
     held_out = make_examples(config.eval_examples, config.seed + 10_000, config.min_len, config.max_len, tokenizer)
+    d = setup_processes(config.sft.threads)
     init = root / "init"
-    if not (init / "config.json").is_file():
+    if d.is_main and not (init / "config.json").is_file():
         torch.manual_seed(config.seed)
         model = build_llama(len(tokenizer), config.size, tokenizer)
         model.save_pretrained(init)
         tokenizer.save_pretrained(init)
+    barrier(d)
 
     def accuracy(model) -> dict[str, float]:
         return {"exact_match": exact_match(model, tokenizer, held_out)}
@@ -134,5 +137,6 @@ def run_demo(config: DemoConfig) -> dict:
     before = accuracy(load_model(sft_model_dir)[0].eval())["exact_match"]
     after = accuracy(load_model(grpo_model_dir)[0].eval())["exact_match"]
     summary = {"exact_match_sft": before, "exact_match_grpo": after, "sft_model": str(sft_model_dir), "grpo_model": str(grpo_model_dir)}
-    (root / "summary.json").write_text(json.dumps(summary, indent=2))
+    if d.is_main:
+        (root / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -262,10 +262,10 @@ def train_grpo(
                     if ref_logp is not None:
                         kl = k3_kl(logp, ref_logp[s].to(d.device))
                         per_token = per_token + config.beta * kl
-                        stats["kl"] += float((kl * mask).sum()) / max(1, total_tokens) / config.updates_per_batch
+                        stats["kl"] += float((kl.detach() * mask).sum()) / max(1, total_tokens) / config.updates_per_batch
                     loss = aggregate(per_token, mask, config.loss_type, rows, total_tokens, config.max_new_tokens)
                     loss.backward()
-                stats["loss"] += float(loss) / config.updates_per_batch
+                stats["loss"] += loss.item() / config.updates_per_batch
                 stats["clip_fraction"] += float((clipped * mask).sum()) / max(1, total_tokens) / config.updates_per_batch
                 if entropy is not None:
                     stats["entropy"] += float((entropy * mask).sum()) / max(1, total_tokens)

@@ -1,0 +1,162 @@
+"""Scripted policies for the tabletop tasks, with a skill knob that makes a ladder of policies.
+
+A policy reads the true state from `info` (not the frame) and returns RT-1's 7-d action. Skill 1 is the
+expert. Lower skill adds, in proportion to (1 - skill): Gaussian action noise, delays (a few steps holding
+still), and, once per episode, a wrong target (the drawer moved the wrong way, the wrong object pushed,
+or the object pushed near the wrong one).
+"""
+
+import numpy as np
+
+from envs.robot.env import MAX_TRANSLATION, MAX_YAW
+from envs.robot.scene import GRIPPER_YAW_LIMIT, OBJECT_HALF_SIZE, OBJECT_NAMES
+from envs.robot.tasks import TASKS
+
+TRAVEL_Z = 0.23
+"""Palm height (m) for moves above everything: fingertips clear the cabinet top (0.135 m)."""
+PUSH_Z = 0.10
+"""Palm height (m) for pushing: fingertips 1 cm above the table."""
+GRASP_Z = 0.12
+"""Palm height (m) that puts the drawer handle between the fingers, below the palm."""
+HANDLE_X_OFFSET = -0.008
+"""Palm x relative to the handle: the finger nearer the drawer keeps clear of its front."""
+PUSHER_HALF_DEPTH = 0.012
+"""Half thickness (m) of the closed fingers, the pushing face, along the push direction."""
+PRE_PUSH_GAP = 0.035
+"""Gap (m) between pushing face and object before a push starts."""
+NEAR_GAP = 0.06
+"""move_near aims object A's centre this far (m) from object B's, inside tasks.NEAR_DISTANCE."""
+MAX_NOISE_STD = 0.5
+MAX_DELAY_PROB = 0.3
+MAX_WRONG_TARGET_PROB = 0.6
+
+
+def _towards(delta: np.ndarray, speed: float = 1.0) -> np.ndarray:
+    """World-vector action that covers `delta` (m), capped at `speed` times the full step."""
+    action = delta / MAX_TRANSLATION
+    norm = np.linalg.norm(action)
+    return action * (speed / norm) if norm > speed else action
+
+
+def _yaw_action(yaw: float, desired: float) -> float:
+    """Yaw action to the desired angle, using the gripper's half-turn symmetry and its joint limits."""
+    candidates = desired + np.pi * np.array([-1.0, 0.0, 1.0])
+    closest = np.clip(candidates[np.argmin(np.abs(candidates - yaw))], -GRIPPER_YAW_LIMIT, GRIPPER_YAW_LIMIT)
+    return float(np.clip((closest - yaw) / MAX_YAW, -1.0, 1.0))
+
+
+def _action(world: np.ndarray, yaw: float, closed: bool) -> np.ndarray:
+    return np.array([*world, 0.0, 0.0, yaw, 1.0 if closed else -1.0])
+
+
+def drawer_action(info: dict, pull: bool) -> np.ndarray:
+    """Expert for the drawer: above the handle, down around it, close the fingers, then pull or push."""
+    gripper = info["gripper_pos"]
+    handle = info["handle_pos"]
+    yaw = _yaw_action(info["gripper_yaw"], 0.0)
+    grasp = np.array([handle[0] + HANDLE_X_OFFSET, handle[1], GRASP_Z])
+    error = grasp - gripper
+    lowered = gripper[2] < GRASP_Z + 0.015
+    around_handle = -0.045 < gripper[0] - handle[0] < 0.012 and abs(error[1]) < 0.02
+    if lowered and around_handle:
+        if info["gripper_closedness"] < 0.5:
+            return _action(_towards(np.array([0.0, 0.0, error[2]])), yaw, closed=True)
+        return _action(np.array([-0.6 if pull else 0.6, error[1] / MAX_TRANSLATION, 0.0]), yaw, closed=True)
+    if lowered:
+        return _action(_towards(np.array([0.0, 0.0, TRAVEL_Z - gripper[2]])), yaw, closed=False)
+    if np.linalg.norm(error[:2]) > 0.01 or abs(info["gripper_yaw"]) > 0.1:
+        return _action(_towards(np.array([error[0], error[1], TRAVEL_Z - gripper[2]])), yaw, closed=False)
+    return _action(_towards(error), yaw, closed=False)
+
+
+def push_action(info: dict, index: int, goal: np.ndarray) -> np.ndarray:
+    """Expert for pushing object `index` to `goal` (xy): get behind it at table height, face it, push."""
+    gripper = info["gripper_pos"]
+    obj = info["object_pos"][index, :2]
+    to_goal = goal - obj
+    distance = float(np.linalg.norm(to_goal))
+    if distance < 1e-6:
+        return _action(np.zeros(3), 0.0, closed=True)
+    u = to_goal / distance
+    n = np.array([-u[1], u[0]])
+    # The closed fingers form a plate along the gripper's x axis, so face the push with the gripper's y axis.
+    yaw = _yaw_action(info["gripper_yaw"], np.arctan2(u[1], u[0]) - np.pi / 2)
+    relative = gripper[:2] - obj
+    along, lateral = relative @ u, relative @ n
+    contact = OBJECT_HALF_SIZE + PUSHER_HALF_DEPTH
+    lowered = gripper[2] < PUSH_Z + 0.02
+    if lowered and abs(lateral) < 0.02 and -contact - PRE_PUSH_GAP - 0.02 < along < -contact + 0.01 and abs(yaw) < 1:
+        aim = obj - u * contact + u * min(distance, 0.04)
+        return _action(_towards(np.array([*(aim - gripper[:2]), PUSH_Z - gripper[2]]), speed=0.7), yaw, closed=True)
+    pre_push = obj - u * (contact + PRE_PUSH_GAP)
+    error = pre_push - gripper[:2]
+    if np.linalg.norm(error) < 0.015 and abs(yaw) < 0.5:
+        return _action(_towards(np.array([*error, PUSH_Z - gripper[2]])), yaw, closed=True)
+    if lowered and np.linalg.norm(error) > 0.03:
+        return _action(_towards(np.array([0.0, 0.0, TRAVEL_Z - gripper[2]])), yaw, closed=True)
+    height = (PUSH_Z if lowered else TRAVEL_Z) - gripper[2]
+    return _action(_towards(np.array([*error, height])), yaw, closed=True)
+
+
+def near_goal(info: dict, a: int, b: int) -> np.ndarray:
+    """Where move_near pushes object a: NEAR_GAP short of object b, on the line from a to b."""
+    pa, pb = info["object_pos"][a, :2], info["object_pos"][b, :2]
+    return pb - (pb - pa) / max(float(np.linalg.norm(pb - pa)), 1e-6) * NEAR_GAP
+
+
+class ScriptedPolicy:
+    """Callable `policy(obs, info) -> action`; draws its per-episode choices when info["step"] is 0."""
+
+    def __init__(self, task: str, skill: float, seed: int):
+        if task != "random" and task not in TASKS:
+            raise ValueError(f"unknown task {task!r}: use one of {TASKS} or 'random' (follow info['task'])")
+        if not 0.0 <= skill <= 1.0:
+            raise ValueError(f"skill must be in [0, 1] (1 = expert), got {skill}")
+        self.task = task
+        self.skill = skill
+        self.rng = np.random.default_rng(seed)
+        self.noise_std = MAX_NOISE_STD * (1.0 - skill)
+        self.delay_prob = MAX_DELAY_PROB * (1.0 - skill)
+        self.wrong_target_prob = MAX_WRONG_TARGET_PROB * (1.0 - skill)
+        self._wrong = False
+        self._other = -1
+        self._delay = 0
+        self._last = np.zeros(7)
+
+    def __call__(self, obs: np.ndarray, info: dict) -> np.ndarray:
+        if self.task != "random" and info["task"] != self.task:
+            raise ValueError(f"policy made for {self.task!r} got an episode of {info['task']!r}")
+        if info["step"] == 0:
+            self._new_episode(info)
+        if self._delay == 0 and self.rng.random() < self.delay_prob:
+            self._delay = int(self.rng.integers(1, 4))
+        if self._delay > 0:
+            self._delay -= 1
+            action = np.zeros(7)
+            action[6] = self._last[6]
+        else:
+            action = self._expert(info)
+            action = action + self.rng.normal(0.0, self.noise_std, 7) if self.noise_std > 0 else action
+        self._last = np.clip(action, -1.0, 1.0)
+        return self._last.astype(np.float32)
+
+    def _new_episode(self, info: dict) -> None:
+        self._wrong = bool(self.rng.random() < self.wrong_target_prob)
+        self._delay = 0
+        self._last = np.zeros(7)
+        involved = {info["object_a"], info["object_b"]}
+        others = [i for i in range(len(OBJECT_NAMES)) if i not in involved]
+        self._other = int(self.rng.choice(others)) if others else -1
+
+    def _expert(self, info: dict) -> np.ndarray:
+        task, a, b = info["task"], info["object_a"], info["object_b"]
+        if task in ("open_drawer", "close_drawer"):
+            return drawer_action(info, pull=(task == "open_drawer") != self._wrong)
+        if task == "move_near":
+            return push_action(info, a, near_goal(info, a, self._other if self._wrong else b))
+        return push_action(info, self._other if self._wrong else a, info["target_pos"][:2])
+
+
+def make_scripted_policy(task: str, skill: float = 1.0, seed: int = 0) -> ScriptedPolicy:
+    """A scripted policy for `task` (or "random": whatever info["task"] says) at `skill` in [0, 1], 1 = expert."""
+    return ScriptedPolicy(task, skill, seed)

@@ -1,0 +1,3 @@
+from rlvr_gym.cli import main
+
+main()

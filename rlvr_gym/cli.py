@@ -1,0 +1,56 @@
+"""`rlvr-gym COMMAND [SUBCOMMAND] --flags`: every command's flags are generated from its config dataclass.
+
+Under torchrun: `torchrun --nproc-per-node 2 -m rlvr_gym train ...` (each process runs the same command).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def commands() -> dict[str, tuple[type, Callable, str]]:
+    """Command words -> (config dataclass, function taking it, one-line help). Imported lazily: startup stays fast."""
+    from rlvr_gym.quickstart import QuickstartConfig, run_quickstart
+    from rlvr_gym.train.demo import DemoConfig, run_demo
+
+    return {
+        "quickstart": (QuickstartConfig, run_quickstart, "the main job on embedded defaults, with a report"),
+        "demo": (DemoConfig, run_demo, "SFT then GRPO on the sort-digits task: the trainer's proof that it learns"),
+    }
+
+
+def usage(table: dict) -> str:
+    width = max(map(len, table))
+    lines = ["usage: rlvr-gym COMMAND [--help] [--flags]", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {help_}" for name, (_, _, help_) in table.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import tyro
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    table = commands()
+    # The longest run of leading words that names a command ("train textgame-sft" before "train").
+    for n in range(min(3, len(argv)), 0, -1):
+        name = " ".join(argv[:n])
+        if name in table:
+            break
+    else:
+        print(usage(table), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        raise SystemExit(0 if not argv or argv[0] in ("-h", "--help") else 2)
+    config_cls, fn, help_ = table[name]
+    config = tyro.cli(config_cls, args=argv[n:], prog=f"rlvr-gym {name}", description=help_)
+    result = fn(config)
+    if result is not None:
+        print(result if not isinstance(result, dict) else __import__("json").dumps(result))
+
+
+if __name__ == "__main__":
+    main()

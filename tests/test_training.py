@@ -1,0 +1,159 @@
+"""The trainers end to end on the sort-digits task: learning, checkpoints, resume, bad input, torchrun."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama, load_model
+from rlvr_gym.train.demo import DemoConfig, char_tokenizer, make_examples, run_demo
+from rlvr_gym.train.grpo import GRPOConfig, train_grpo
+from rlvr_gym.train.run import read_log
+from rlvr_gym.train.sft import SFTConfig, train_sft
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL_DEMO = ["--train-examples", "400", "--eval-examples", "40", "--sft.steps", "20", "--sft.save-every", "10",
+              "--grpo.steps", "24", "--grpo.save-every", "4", "--grpo.prompts-per-step", "4"]
+
+
+@pytest.fixture(scope="module")
+def init_model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("init")
+    tokenizer = char_tokenizer()
+    torch.manual_seed(0)
+    build_llama(len(tokenizer), LlamaSize(hidden_size=32, layers=1, heads=2, intermediate_size=64, max_positions=32), tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def examples(n=64):
+    return make_examples(n, 0, 3, 4, char_tokenizer())
+
+
+def test_grpo_raises_heldout_exact_match_after_sft(tmp_path):
+    summary = run_demo(DemoConfig(run_dir=str(tmp_path)))
+    before, after = summary["exact_match_sft"], summary["exact_match_grpo"]
+    assert 0.05 < before < 0.6, f"SFT should start the task without solving it (got {before:.3f})"
+    assert after >= before + 0.08, f"GRPO should raise held-out exact match by 8 points: {before:.3f} -> {after:.3f}"
+    log = read_log(tmp_path / "grpo")
+    trained = [r for r in log if "reward/mean" in r]
+    assert len(trained) == 100 and all(0 <= r["reward/parse_failure_rate"] <= 1 for r in trained)
+    for key in ("reward/std", "train/kl", "train/clip_fraction", "train/entropy", "completion/length_mean", "time/samples_per_s"):
+        assert key in trained[-1]
+    assert any((tmp_path / "grpo" / "tb").iterdir()), "TensorBoard events are written"
+
+
+def test_training_saves_a_loadable_hugging_face_model(tmp_path, init_model):
+    final = train_sft(SFTConfig(run_dir=str(tmp_path), model=str(init_model), steps=3, batch_size=8, save_every=2), examples())
+    assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
+    model, tokenizer = load_model(final)
+    assert tokenizer.decode(tokenizer.encode("123=", add_special_tokens=False)) == "123="
+    checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert checkpoints == ["step_000002", "step_000003"]
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000003"
+
+
+def test_missing_or_corrupt_checkpoints_give_clear_errors(tmp_path, init_model):
+    with pytest.raises(CheckpointError, match="neither a directory nor a shipped name"):
+        load_model(tmp_path / "nowhere")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((init_model / "config.json").read_text())
+    with pytest.raises(CheckpointError, match="no weights"):
+        load_model(broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="could not be loaded"):
+        load_model(broken)
+
+
+def test_resume_refuses_another_config_and_a_corrupt_state(tmp_path, init_model):
+    config = SFTConfig(run_dir=str(tmp_path), model=str(init_model), steps=2, batch_size=8, save_every=1)
+    train_sft(config, examples())
+    with pytest.raises(FileExistsError, match="--resume"):
+        train_sft(config, examples())
+    with pytest.raises(ValueError, match=r"lr: 0.001 -> 0.5"):
+        train_sft(SFTConfig(**{**vars(config), "lr": 0.5, "resume": True}), examples())
+    (tmp_path / "checkpoints" / "step_000002" / "trainer_state.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train_sft(SFTConfig(**{**vars(config), "steps": 3, "resume": True}), examples())
+
+
+def test_bad_training_input_is_refused(tmp_path, init_model):
+    with pytest.raises(ValueError, match="empty"):
+        train_grpo(GRPOConfig(run_dir=str(tmp_path / "a"), model=str(init_model)), lambda **_: [], [])
+    with pytest.raises(ValueError, match="prompt_ids"):
+        train_grpo(GRPOConfig(run_dir=str(tmp_path / "b"), model=str(init_model)), lambda **_: [], [{"prompt_ids": []}])
+    with pytest.raises(ValueError, match="target_ids"):
+        train_sft(SFTConfig(run_dir=str(tmp_path / "c"), model=str(init_model)), [{"prompt_ids": [1]}])
+    with pytest.raises(TypeError, match="must return a list"):
+        train_grpo(GRPOConfig(run_dir=str(tmp_path / "d"), model=str(init_model), steps=1, beta=0.0),
+                   lambda **_: None, examples())
+
+
+def test_kl_penalty_uses_the_frozen_starting_model(tmp_path, init_model):
+    def digit_count_reward(completions, **_):
+        return [{"score": float(sum(ch.isdigit() for ch in c))} for c in completions]
+
+    config = GRPOConfig(run_dir=str(tmp_path), model=str(init_model), steps=3, beta=0.1, lr=1e-2,
+                        prompts_per_step=4, group_size=4, max_new_tokens=6)
+    train_grpo(config, digit_count_reward, examples())
+    kls = [r["train/kl"] for r in read_log(tmp_path) if "train/kl" in r]
+    assert kls[0] == pytest.approx(0.0, abs=1e-6), "the policy equals the reference at the first step"
+    assert kls[-1] > 0, "after updates the policy has moved away from the reference"
+
+
+def demo_command(run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "rlvr_gym", "demo", "--run-dir", str(run_dir), *SMALL_DEMO, *extra]
+
+
+def final_weights(run_dir: Path) -> dict:
+    return load_file(run_dir / "grpo" / "final" / "model.safetensors")
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_same_result(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    reference = tmp_path / "reference"
+    subprocess.run(demo_command(reference), check=True, env=env, capture_output=True, timeout=300)
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(demo_command(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = killed / "grpo" / "checkpoints" / "step_000008"
+    deadline = time.time() + 240
+    while not marker.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert process.poll() is None, "the run finished before it could be killed; make it longer"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "grpo" / "final").exists()
+
+    subprocess.run(demo_command(killed, "--resume"), check=True, env=env, capture_output=True, timeout=300)
+    steps = [r["step"] for r in read_log(killed / "grpo") if "reward/mean" in r]
+    assert steps == list(range(1, 25)), "every step logged exactly once after resume"
+    ref, got = final_weights(reference), final_weights(killed)
+    assert ref.keys() == got.keys()
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=0, atol=0, msg=f"{name} differs from the uninterrupted run")
+
+
+def test_two_processes_under_torchrun_shard_prompts_and_average_metrics(tmp_path, init_model):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+               str(REPO / "tests" / "torchrun_worker.py"), str(init_model), str(tmp_path)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
+    log = {r["step"]: r for r in read_log(tmp_path / "run") if "reward/mean" in r}
+    assert sorted(log) == [1, 2, 3]
+    for step in range(3):
+        prompts0, prompts1 = seen[0][step]["prompts"], seen[1][step]["prompts"]
+        assert not set(prompts0) & set(prompts1), "each rank samples its own shard of the prompts"
+        mean = (seen[0][step]["reward"] + seen[1][step]["reward"]) / 2
+        assert log[step + 1]["reward/mean"] == pytest.approx(mean), "logged metrics are averaged over ranks"
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
