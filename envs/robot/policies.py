@@ -14,16 +14,24 @@ from envs.robot.tasks import TASKS
 
 TRAVEL_Z = 0.23
 """Palm height (m) for moves above everything: fingertips clear the cabinet top (0.135 m)."""
-PUSH_Z = 0.10
-"""Palm height (m) for pushing: fingertips 1 cm above the table."""
+PUSH_TRAVEL_Z = 0.16
+"""Palm height (m) for moves between pushes: fingertips 2 cm above the objects."""
+PUSH_Z = 0.096
+"""Palm height (m) for pushing: fingertips 6 mm above the table."""
 GRASP_Z = 0.12
 """Palm height (m) that puts the drawer handle between the fingers, below the palm."""
 HANDLE_X_OFFSET = -0.008
 """Palm x relative to the handle: the finger nearer the drawer keeps clear of its front."""
 PUSHER_HALF_DEPTH = 0.012
-"""Half thickness (m) of the closed fingers, the pushing face, along the push direction."""
+"""Half depth (m) of the closed fingers along the push (the gripper's x axis)."""
+PUSHER_HALF_WIDTH = 0.025
+"""Half width (m) of a finger's pad, the pushing face, across the push."""
 PRE_PUSH_GAP = 0.035
 """Gap (m) between pushing face and object before a push starts."""
+PUSH_STEP = 0.024
+"""Most the pushing face advances per step (m): slower than free moves, so objects slide without toppling."""
+DETOUR_ANGLES = (0.0, 0.5, -0.5, 1.0, -1.0, 1.5, -1.5)
+"""Push directions tried, in radians from straight to the goal, when another object sits where the fingers go."""
 NEAR_GAP = 0.06
 """move_near aims object A's centre this far (m) from object B's, inside tasks.NEAR_DISTANCE."""
 MAX_NOISE_STD = 0.5
@@ -38,11 +46,11 @@ def _towards(delta: np.ndarray, speed: float = 1.0) -> np.ndarray:
     return action * (speed / norm) if norm > speed else action
 
 
-def _yaw_action(yaw: float, desired: float) -> float:
-    """Yaw action to the desired angle, using the gripper's half-turn symmetry and its joint limits."""
-    candidates = desired + np.pi * np.array([-1.0, 0.0, 1.0])
-    closest = np.clip(candidates[np.argmin(np.abs(candidates - yaw))], -GRIPPER_YAW_LIMIT, GRIPPER_YAW_LIMIT)
-    return float(np.clip((closest - yaw) / MAX_YAW, -1.0, 1.0))
+def _yaw_error(yaw: float, desired: float) -> float:
+    """Rotation (rad) to the nearest reachable angle equivalent to `desired` under the fingers' half-turn symmetry."""
+    candidates = desired + np.pi * np.arange(-2, 3)
+    reachable = candidates[np.abs(candidates) <= GRIPPER_YAW_LIMIT]
+    return float(reachable[np.argmin(np.abs(reachable - yaw))] - yaw)
 
 
 def _action(world: np.ndarray, yaw: float, closed: bool) -> np.ndarray:
@@ -53,7 +61,7 @@ def drawer_action(info: dict, pull: bool) -> np.ndarray:
     """Expert for the drawer: above the handle, down around it, close the fingers, then pull or push."""
     gripper = info["gripper_pos"]
     handle = info["handle_pos"]
-    yaw = _yaw_action(info["gripper_yaw"], 0.0)
+    yaw = np.clip(_yaw_error(info["gripper_yaw"], 0.0) / MAX_YAW, -1.0, 1.0)
     grasp = np.array([handle[0] + HANDLE_X_OFFSET, handle[1], GRASP_Z])
     error = grasp - gripper
     lowered = gripper[2] < GRASP_Z + 0.015
@@ -64,37 +72,79 @@ def drawer_action(info: dict, pull: bool) -> np.ndarray:
         return _action(np.array([-0.6 if pull else 0.6, error[1] / MAX_TRANSLATION, 0.0]), yaw, closed=True)
     if lowered:
         return _action(_towards(np.array([0.0, 0.0, TRAVEL_Z - gripper[2]])), yaw, closed=False)
-    if np.linalg.norm(error[:2]) > 0.01 or abs(info["gripper_yaw"]) > 0.1:
+    if np.linalg.norm(error[:2]) > 0.01 or abs(yaw) * MAX_YAW > 0.1:
         return _action(_towards(np.array([error[0], error[1], TRAVEL_Z - gripper[2]])), yaw, closed=False)
     return _action(_towards(error), yaw, closed=False)
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / max(float(np.linalg.norm(v)), 1e-9)
+
+
+def _rotate(u: np.ndarray, angle: float) -> np.ndarray:
+    c, s = np.cos(angle), np.sin(angle)
+    return np.array([c * u[0] - s * u[1], s * u[0] + c * u[1]])
+
+
+def _pre_push(obj: np.ndarray, u: np.ndarray) -> np.ndarray:
+    return obj - u * (OBJECT_HALF_SIZE + PUSHER_HALF_DEPTH + PRE_PUSH_GAP)
+
+
+def _blocked(info: dict, index: int, u: np.ndarray) -> bool:
+    """Would the closed fingers, lowered behind object `index` to push it along u, land on another object?"""
+    others = np.delete(info["object_pos"][:, :2], index, axis=0) - _pre_push(info["object_pos"][index, :2], u)
+    n = np.array([-u[1], u[0]])
+    clearance = OBJECT_HALF_SIZE * np.sqrt(2) + 0.005
+    overlap = (np.abs(others @ n) < PUSHER_HALF_WIDTH + clearance) & (np.abs(others @ u) < PUSHER_HALF_DEPTH + clearance)
+    return bool(overlap.any())
+
+
+def push_direction(info: dict, index: int, goal: np.ndarray) -> np.ndarray:
+    """Unit push direction: straight to the goal, or the least detour whose pre-push spot is free."""
+    straight = _unit(goal - info["object_pos"][index, :2])
+    for angle in DETOUR_ANGLES:
+        u = _rotate(straight, angle)
+        if not _blocked(info, index, u):
+            return u
+    return straight
+
+
+def _push_lane(info: dict, index: int, u: np.ndarray) -> tuple[float, float, float, bool]:
+    """Yaw error, and the gripper's offsets along / across u from the object; True when lowered behind it."""
+    gripper = info["gripper_pos"]
+    relative = gripper[:2] - info["object_pos"][index, :2]
+    along, lateral = relative @ u, relative @ np.array([-u[1], u[0]])
+    # A finger's 5 cm pad faces along the gripper's x axis: push along it.
+    yaw_error = _yaw_error(info["gripper_yaw"], np.arctan2(u[1], u[0]))
+    contact = OBJECT_HALF_SIZE + PUSHER_HALF_DEPTH
+    behind = -contact - PRE_PUSH_GAP - 0.02 < along < -contact + 0.01 and abs(lateral) < 0.02
+    ready = gripper[2] < PUSH_Z + 0.02 and behind and abs(yaw_error) < 0.3
+    return yaw_error, along, lateral, ready
 
 
 def push_action(info: dict, index: int, goal: np.ndarray) -> np.ndarray:
     """Expert for pushing object `index` to `goal` (xy): get behind it at table height, face it, push."""
     gripper = info["gripper_pos"]
     obj = info["object_pos"][index, :2]
-    to_goal = goal - obj
-    distance = float(np.linalg.norm(to_goal))
-    if distance < 1e-6:
-        return _action(np.zeros(3), 0.0, closed=True)
-    u = to_goal / distance
-    n = np.array([-u[1], u[0]])
-    # The closed fingers form a plate along the gripper's x axis, so face the push with the gripper's y axis.
-    yaw = _yaw_action(info["gripper_yaw"], np.arctan2(u[1], u[0]) - np.pi / 2)
-    relative = gripper[:2] - obj
-    along, lateral = relative @ u, relative @ n
-    contact = OBJECT_HALF_SIZE + PUSHER_HALF_DEPTH
+    distance = float(np.linalg.norm(goal - obj))
+    u = _unit(goal - obj)
+    yaw_error, along, lateral, ready = _push_lane(info, index, u)
+    if not ready:
+        u = push_direction(info, index, goal)
+        yaw_error, along, lateral, ready = _push_lane(info, index, u)
+    yaw = np.clip(yaw_error / MAX_YAW, -1.0, 1.0)
+    if ready:
+        contact = OBJECT_HALF_SIZE + PUSHER_HALF_DEPTH
+        advance = np.clip(-contact + min(distance, 0.04) - along, 0.0, PUSH_STEP)
+        world = np.array([*(u * advance - np.array([-u[1], u[0]]) * lateral), PUSH_Z - gripper[2]])
+        return _action(world / MAX_TRANSLATION, yaw, closed=True)
+    error = _pre_push(obj, u) - gripper[:2]
     lowered = gripper[2] < PUSH_Z + 0.02
-    if lowered and abs(lateral) < 0.02 and -contact - PRE_PUSH_GAP - 0.02 < along < -contact + 0.01 and abs(yaw) < 1:
-        aim = obj - u * contact + u * min(distance, 0.04)
-        return _action(_towards(np.array([*(aim - gripper[:2]), PUSH_Z - gripper[2]]), speed=0.7), yaw, closed=True)
-    pre_push = obj - u * (contact + PRE_PUSH_GAP)
-    error = pre_push - gripper[:2]
-    if np.linalg.norm(error) < 0.015 and abs(yaw) < 0.5:
+    if np.linalg.norm(error) < 0.015 and abs(yaw_error) < 0.15:
         return _action(_towards(np.array([*error, PUSH_Z - gripper[2]])), yaw, closed=True)
     if lowered and np.linalg.norm(error) > 0.03:
-        return _action(_towards(np.array([0.0, 0.0, TRAVEL_Z - gripper[2]])), yaw, closed=True)
-    height = (PUSH_Z if lowered else TRAVEL_Z) - gripper[2]
+        return _action(_towards(np.array([0.0, 0.0, PUSH_TRAVEL_Z - gripper[2]])), yaw, closed=True)
+    height = (PUSH_Z if lowered else PUSH_TRAVEL_Z) - gripper[2]
     return _action(_towards(np.array([*error, height])), yaw, closed=True)
 
 

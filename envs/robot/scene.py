@@ -12,7 +12,7 @@ OBJECT_NAMES = ("red cube", "green cube", "blue can")
 OBJECT_HALF_SIZE = 0.025
 GRIPPER_LOW = np.array([-0.34, -0.24, 0.094])
 GRIPPER_HIGH = np.array([0.24, 0.24, 0.30])
-GRIPPER_YAW_LIMIT = np.pi / 2
+GRIPPER_YAW_LIMIT = np.pi
 FINGER_TRAVEL = 0.025
 FINGER_TIP_BELOW_PALM = 0.09
 CABINET_POS = np.array([0.30, 0.06, 0.0])
@@ -36,7 +36,7 @@ SCENE_XML = f"""
     <headlight ambient="0.45 0.45 0.45" diffuse="0.45 0.45 0.45" specular="0 0 0"/>
   </visual>
   <default>
-    <geom friction="0.8 0.01 0.001" solref="0.01 1" contype="1" conaffinity="1"/>
+    <geom friction="0.5 0.01 0.001" solref="0.01 1" contype="1" conaffinity="1"/>
     <default class="cabinet"><geom type="box" rgba="{_CABINET}" contype="2" conaffinity="2"/></default>
     <default class="drawer"><geom type="box" rgba="{_WOOD}" mass="0.1"/></default>
     <default class="moving"><geom contype="3" conaffinity="3"/></default>
@@ -62,10 +62,10 @@ SCENE_XML = f"""
         <geom class="drawer" size="0.07 0.005 0.035" pos="0 0.09 -0.01"/>
         <geom class="drawer" size="0.07 0.005 0.035" pos="0 -0.09 -0.01"/>
         <geom class="drawer" size="0.005 0.09 0.035" pos="0.07 0 -0.01"/>
-        <geom name="handle" type="capsule" fromto="-{HANDLE_OFFSET} -0.04 0 -{HANDLE_OFFSET} 0.04 0" size="0.009"
+        <geom name="handle" type="capsule" fromto="-{HANDLE_OFFSET} -0.05 0 -{HANDLE_OFFSET} 0.05 0" size="0.009"
               rgba="{_HANDLE}" mass="0.02"/>
-        <geom class="drawer" size="0.02 0.005 0.005" pos="-0.105 -0.04 0" rgba="{_HANDLE}"/>
-        <geom class="drawer" size="0.02 0.005 0.005" pos="-0.105 0.04 0" rgba="{_HANDLE}"/>
+        <geom class="drawer" size="0.02 0.005 0.005" pos="-0.105 -0.05 0" rgba="{_HANDLE}"/>
+        <geom class="drawer" size="0.02 0.005 0.005" pos="-0.105 0.05 0" rgba="{_HANDLE}"/>
       </body>
     </body>
 
@@ -87,16 +87,16 @@ SCENE_XML = f"""
       <joint name="gripper_y" type="slide" axis="0 1 0" damping="60" range="{GRIPPER_LOW[1]} {GRIPPER_HIGH[1]}"/>
       <joint name="gripper_z" type="slide" axis="0 0 1" damping="60" range="{GRIPPER_LOW[2]} {GRIPPER_HIGH[2]}"/>
       <joint name="gripper_yaw" type="hinge" axis="0 0 1" damping="1.5" range="-{GRIPPER_YAW_LIMIT} {GRIPPER_YAW_LIMIT}"/>
-      <geom name="palm" type="box" size="0.04 0.015 0.012" rgba="0.12 0.12 0.14 1" mass="0.5"/>
+      <geom name="palm" type="box" size="0.04 0.025 0.012" rgba="0.12 0.12 0.14 1" mass="0.5"/>
       <geom name="wrist" type="cylinder" size="0.012 0.2" pos="0 0 0.212" rgba="0.55 0.55 0.6 1" mass="0.01"
             contype="0" conaffinity="0"/>
       <body name="finger_left" pos="-0.031 0 -0.05" gravcomp="1">
         <joint name="finger_left" type="slide" axis="1 0 0" damping="5" range="0 {FINGER_TRAVEL}"/>
-        <geom type="box" size="0.006 0.012 0.04" rgba="0.92 0.92 0.95 1" mass="0.08"/>
+        <geom type="box" size="0.006 0.025 0.04" rgba="0.92 0.92 0.95 1" mass="0.08" friction="0.1 0.01 0.001" priority="1"/>
       </body>
       <body name="finger_right" pos="0.031 0 -0.05" gravcomp="1">
         <joint name="finger_right" type="slide" axis="-1 0 0" damping="5" range="0 {FINGER_TRAVEL}"/>
-        <geom type="box" size="0.006 0.012 0.04" rgba="0.92 0.92 0.95 1" mass="0.08"/>
+        <geom type="box" size="0.006 0.025 0.04" rgba="0.92 0.92 0.95 1" mass="0.08" friction="0.1 0.01 0.001" priority="1"/>
       </body>
     </body>
   </worldbody>

@@ -1,5 +1,6 @@
 """TextWorld facts -> the ByteSized32 state schema (objects with name, uuid, type, properties, contains)."""
 
+import copy
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -24,27 +25,22 @@ _UUID_ORDER = list(OBJECT_TYPES)
 _DIRECTIONS = {"north_of": "north", "south_of": "south", "east_of": "east", "west_of": "west"}
 
 
-def _base_properties(kind: str) -> dict[str, Any]:
-    fixed_container = {"isContainer": True, "isMoveable": False, "isOpenable": False, "isOpen": True}
-    if kind == "P":
-        return {"isContainer": True, "isMoveable": True, "isOpenable": False, "isOpen": True, "containerPrefix": "in"}
-    if kind == "r":
-        return {**fixed_container, "containerPrefix": "in", "connects": {}}
-    if kind == "s":
-        return {**fixed_container, "containerPrefix": "on"}
-    if kind == "c":
-        return {"isContainer": True, "isMoveable": False, "isOpenable": True, "isOpen": False, "isLocked": False,
-                "containerPrefix": "in"}
-    if kind == "d":
-        return {"isContainer": False, "isMoveable": False, "isOpenable": True, "isOpen": False, "isLocked": False,
-                "connects": []}
-    if kind == "t":
-        return {"isContainer": False, "isMoveable": False}
-    if kind == "o":
-        return {"isContainer": False, "isMoveable": True}
-    if kind == "k":
-        return {"isContainer": False, "isMoveable": True, "unlocks": None}
-    return {"isContainer": False, "isMoveable": True, "isFood": True, "isEdible": False, "isEaten": False}
+_FIXED = {"isContainer": False, "isMoveable": False}
+_PORTABLE = {"isContainer": False, "isMoveable": True}
+_OPENABLE = {"isOpenable": True, "isOpen": False, "isLocked": False}
+_ALWAYS_OPEN = {"isOpenable": False, "isOpen": True}
+# Properties before the facts are applied: `closed` facts leave isOpen and isLocked at False.
+_BASE_PROPERTIES: dict[str, dict[str, Any]] = {
+    "P": {"isContainer": True, "isMoveable": True, **_ALWAYS_OPEN, "containerPrefix": "in"},
+    "r": {"isContainer": True, "isMoveable": False, **_ALWAYS_OPEN, "containerPrefix": "in", "connects": {}},
+    "d": {**_FIXED, **_OPENABLE, "connects": []},
+    "c": {"isContainer": True, "isMoveable": False, **_OPENABLE, "containerPrefix": "in"},
+    "s": {"isContainer": True, "isMoveable": False, **_ALWAYS_OPEN, "containerPrefix": "on"},
+    "t": _FIXED,
+    "o": _PORTABLE,
+    "k": {**_PORTABLE, "unlocks": None},
+    "f": {**_PORTABLE, "isFood": True, "isEdible": False, "isEaten": False},
+}
 
 
 def _uuid_order(entity_id: str, kind: str) -> tuple[int, int, str]:
@@ -88,7 +84,7 @@ def state_from_facts(
         kind = game.infos[eid].type
         label = "agent" if kind == "P" else game.infos[eid].name or eid
         objects[eid] = {"name": f"{label} (ID: {uuid})", "uuid": uuid, "type": OBJECT_TYPES[kind],
-                        "properties": _base_properties(kind), "contains": []}
+                        "properties": copy.deepcopy(_BASE_PROPERTIES[kind]), "contains": []}
     objects["I"] = objects["P"]
 
     def obj(variable) -> dict[str, Any]:

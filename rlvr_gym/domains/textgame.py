@@ -14,7 +14,9 @@ then a newline. An object is `{"u": uuid, "n": name, "t": type, "p": properties,
 Target: the diff, in the same compact JSON, `{"m": [objects changed or created, in full], "r": [removed uuids],
 "s": {changed score fields}}`; empty parts are left out, so "no change" is `{}`. In Python a diff is
 `{"modified": [objects], "removed": [uuids], "score": {field: value}}` with full field names, and the `contains`
-of its objects hold uuids. The next state is rebuilt from the current one and the diff.
+of its objects hold uuids. The next state is rebuilt from the current one and the diff. `parse_diff` rejects what
+cannot be rebuilt: malformed or truncated JSON, unknown keys, removed or contained uuids that do not exist, and an
+existing property whose value changes kind (boolean, number, string, list, object; null may become or replace any).
 
 Objects created by the action (e.g. water from a tap) count here: they appear in the diff and a prediction is
 correct only if it creates them. The benchmark's own scorer drops them; we keep them because a simulator that
@@ -139,14 +141,16 @@ def rebuild(current: State, diff: dict[str, Any]) -> State:
     modified = {o["uuid"]: o for o in diff["modified"]}
     old = _by_uuid_contents(current)
     objects = [modified.pop(o["uuid"], o) for o in old if o["uuid"] not in removed] + list(modified.values())
+    # contents are uuids until here; a uuid maps to its name after the step (renames reach unchanged containers)
     names = {o["uuid"]: o["name"] for o in old} | {o["uuid"]: o["name"] for o in objects}
-    next_state: dict[str, Any] = {
+    return {
         "objects": [
             {**o, "contains": [names.get(c, str(c)) if isinstance(c, int) else c for c in o["contains"]]} for o in objects
-        ]
+        ],
+        "score": diff["score"].get("score", current["score"]),
+        "gameOver": diff["score"].get("gameOver", current["gameOver"]),
+        "gameWon": diff["score"].get("gameWon", current["gameWon"]),
     }
-    next_state.update({f: diff["score"].get(f, current[f]) for f in SCORE_FIELDS})
-    return next_state  # type: ignore[return-value]
 
 
 def states_match(pred: State, gold: State) -> bool:
@@ -242,8 +246,8 @@ def _parse_diff(text: str, current: State) -> dict[str, Any]:
         raise _DiffError(f"expected a JSON object {{m, r, s}}, got {type(wire).__name__}")
     if unknown := set(wire) - _DIFF_KEYS:
         raise _DiffError(f"unknown diff keys {sorted(unknown)}; allowed: m (modified), r (removed), s (score)")
-    current_uuids = {o["uuid"] for o in current["objects"]}
     current_objects = {o["uuid"]: o for o in current["objects"]}
+    current_uuids = current_objects.keys()
 
     removed = _list(wire.get("r", []), "r")
     for u in removed:
@@ -375,7 +379,9 @@ def _task_components(current: State, pred: State, gold: State) -> dict[str, floa
 
 def _canon(value: Any) -> Any:
     """A hashable form in which True != 1, 2 == 2.0, and lists equal tuples."""
-    if isinstance(value, bool) or value is None:
+    if value is None:
+        return ("null",)
+    if isinstance(value, bool):
         return ("b", value)
     if isinstance(value, (int, float)):
         return ("n", value)
