@@ -10,11 +10,13 @@ same in both runs (TRL reads the dataset in order, written in the order our trai
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
 import platform
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -24,8 +26,10 @@ import torch
 import transformers
 
 from rlvr_gym.models.lm import build_llama, load_model
+from rlvr_gym.models.sampler import SamplingConfig, sample
+from rlvr_gym.train.batch import chunks, pack_batch, slice_batch, token_logprobs
 from rlvr_gym.train.demo import DemoConfig, char_tokenizer, exact_match, make_examples, sorted_digits_reward
-from rlvr_gym.train.grpo import GRPOConfig, train_grpo
+from rlvr_gym.train.grpo import GRPOConfig, aggregate, group_advantages, policy_loss_terms, train_grpo
 from rlvr_gym.train.run import batch_indices, read_log
 from rlvr_gym.train.sft import SFTConfig, train_sft
 
@@ -52,7 +56,8 @@ def train_start_model(root: Path, demo: DemoConfig, train: list[dict]) -> Path:
 
 def step_order(grpo: GRPOConfig, train: list[dict]) -> list[dict]:
     """The training prompts in the order our trainer draws them, prompts_per_step at a time."""
-    return [train[i] for step in range(grpo.steps) for i in batch_indices(len(train), grpo.prompts_per_step, step, grpo.seed, 0, 1)]
+    n, k = len(train), grpo.prompts_per_step
+    return [train[i] for step in range(grpo.steps) for i in batch_indices(n, k, step, grpo.seed, rank=0, world_size=1)]
 
 
 def run_ours(grpo: GRPOConfig, train: list[dict]) -> dict:
@@ -63,6 +68,7 @@ def run_ours(grpo: GRPOConfig, train: list[dict]) -> dict:
     first_step_s = rows / log[0]["time/samples_per_s"]
     return {
         "wall_s": log[-1]["time"] - log[0]["time"] + first_step_s,
+        "step_s": [rows / line["time/samples_per_s"] for line in log],
         "reward_curve": [line["reward/mean"] for line in log],
         "model_dir": str(final),
     }
@@ -75,7 +81,7 @@ def trl_config(grpo: GRPOConfig, output_dir: Path):
     rows = grpo.prompts_per_step * grpo.group_size
     micro = min(grpo.micro_batch, rows)
     if rows % micro:
-        raise ValueError(f"micro_batch {grpo.micro_batch} must divide the {rows} completions of a step (TRL splits evenly)")
+        raise ValueError(f"micro_batch {grpo.micro_batch} must divide a step's {rows} completions: TRL splits evenly")
     return TRLConfig(
         output_dir=str(output_dir),
         max_steps=grpo.steps,
@@ -113,10 +119,80 @@ def trl_config(grpo: GRPOConfig, output_dir: Path):
     )
 
 
-def run_trl(grpo: GRPOConfig, train: list[dict]) -> dict:
+def trl_trainer(grpo: GRPOConfig, model, tokenizer, examples: list[dict], callbacks: tuple = ()):
+    """TRL's GRPOTrainer over the examples in order, with a "prompt" text column and the "answer" column."""
     from datasets import Dataset
-    from transformers import ProgressCallback, TrainerCallback
     from trl import GRPOTrainer
+
+    dataset = Dataset.from_dict({"prompt": [e["prompt"] for e in examples], "answer": [e["answer"] for e in examples]})
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=sorted_digits_score,
+        args=trl_config(grpo, Path(grpo.run_dir)),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
+    )
+    if trainer.eos_token_ids != [tokenizer.eos_token_id]:
+        raise RuntimeError(f"TRL stops on tokens {trainer.eos_token_ids}, our sampler on {tokenizer.eos_token_id} only")
+    return trainer
+
+
+def gradient_agreement(grpo: GRPOConfig, examples: list[dict]) -> dict[str, float]:
+    """Both trainers' loss gradients on one batch of completions, sampled once: the check that the settings are equal.
+
+    TRL's side runs its own prompt tokenization, decoding, reward call, advantages, padding and loss; only its
+    sampler is replaced by a replay of our batch.
+    """
+    from trl.trainer.utils import split_tensor_dict
+
+    model, tokenizer = load_model(grpo.model)
+    part = examples[: grpo.prompts_per_step]
+    group = grpo.group_size
+    sampling = SamplingConfig(grpo.max_new_tokens, grpo.temperature, grpo.top_k, grpo.top_p, (tokenizer.eos_token_id,))
+    generator = torch.Generator().manual_seed(grpo.seed)
+    rollout = sample(model.eval(), [e["prompt_ids"] for e in part], sampling, num_samples=group,
+                     pad_token_id=tokenizer.pad_token_id, generator=generator)
+    completion_ids = rollout.completions()
+
+    ours = copy.deepcopy(model).train()
+    texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completion_ids]
+    rewards = torch.tensor(sorted_digits_score(texts, [e["answer"] for e in part for _ in range(group)]))
+    advantages = group_advantages(rewards, group, scale=grpo.loss_type != "dr_grpo")
+    batch = pack_batch(rollout.prompt_ids, completion_ids, tokenizer.pad_token_id)
+    rows, tokens = len(completion_ids), int(batch["loss_mask"].sum())
+    for s in chunks(rows, grpo.micro_batch):
+        mb = slice_batch(batch, s, torch.device("cpu"))
+        logp, _ = token_logprobs(ours, mb)
+        per_token, _ = policy_loss_terms(logp, logp.detach(), advantages[s], grpo.epsilon, grpo.epsilon_high)
+        aggregate(per_token, mb["loss_mask"], grpo.loss_type, rows, tokens, grpo.max_new_tokens).backward()
+
+    trainer = trl_trainer(grpo, model, tokenizer, part)
+
+    def replay(prompt_ids, *_):
+        if [list(p) for p in prompt_ids] != rollout.prompt_ids:
+            raise RuntimeError(f"TRL tokenizes prompts unlike ours: {list(prompt_ids[0])} vs {rollout.prompt_ids[0]}")
+        return completion_ids, None
+
+    trainer._generate_single_turn = replay
+    trainer.model.train()
+    rows = [{"prompt": e["prompt"], "answer": e["answer"]} for e in part for _ in range(group)]
+    inputs = trainer._generate_and_score_completions(rows)
+    accumulation = trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    for micro in split_tensor_dict(inputs, accumulation):
+        trainer._compute_loss(trainer.model, micro).backward()
+
+    norm = torch.sqrt(sum((p.grad**2).sum() for p in ours.parameters()))
+    pairs = zip(ours.parameters(), trainer.model.parameters())
+    diff = torch.sqrt(sum(((p.grad - q.grad) ** 2).sum() for p, q in pairs))
+    result = {"gradient_norm": float(norm), "relative_difference": float(diff / norm)}
+    if result["relative_difference"] > 1e-4:
+        raise RuntimeError(f"the trainers' gradients on the same batch differ ({result}): their settings are not equal")
+    return result
+
+
+def run_trl(grpo: GRPOConfig, train: list[dict]) -> dict:
+    from transformers import ProgressCallback, TrainerCallback
 
     class QuietProgress(ProgressCallback):
         """The progress bar without a printed dict of metrics per step (they stay in state.log_history)."""
@@ -125,47 +201,32 @@ def run_trl(grpo: GRPOConfig, train: list[dict]) -> dict:
             pass
 
     class StepClock(TrainerCallback):
-        """From the start of the first optimizer step to the end of the last, as our trainer's log measures."""
+        """Start and end of each optimizer step (sampling to optimizer step; the step's logging comes after)."""
 
-        first_begin: float | None = None
-        last_end: float | None = None
+        def __init__(self):
+            self.begins, self.ends = [], []
 
         def on_step_begin(self, args, state, control, **kwargs):
-            if self.first_begin is None:
-                self.first_begin = time.time()
+            self.begins.append(time.time())
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.last_end = time.time()
+            self.ends.append(time.time())
 
-    ordered = step_order(grpo, train)
-    dataset = Dataset.from_dict({"prompt": [e["prompt"] for e in ordered], "answer": [e["answer"] for e in ordered]})
     model, tokenizer = load_model(grpo.model)
     clock = StepClock()
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=sorted_digits_score,
-        args=trl_config(grpo, Path(grpo.run_dir)),
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[clock],
-    )
+    trainer = trl_trainer(grpo, model, tokenizer, step_order(grpo, train), callbacks=[clock])
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(QuietProgress())
-    check_trl_prompts(trainer, ordered[: grpo.prompts_per_step])
     trainer.train()
     final = Path(grpo.run_dir) / "final"
     trainer.save_model(str(final))
     curve = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
-    return {"wall_s": clock.last_end - clock.first_begin, "reward_curve": curve, "model_dir": str(final)}
-
-
-def check_trl_prompts(trainer, examples: list[dict]) -> None:
-    """TRL tokenizes the prompt text itself: it must give our prompt ids (no BOS or other added tokens)."""
-    ids, _, _ = trainer._tokenize_prompts([e["prompt"] for e in examples])
-    if [list(i) for i in ids] != [e["prompt_ids"] for e in examples]:
-        raise RuntimeError(f"TRL tokenizes prompts differently from ours: {list(ids[0])} vs {examples[0]['prompt_ids']}")
-    if trainer.eos_token_ids != [trainer.processing_class.eos_token_id]:
-        raise RuntimeError(f"TRL stops on {trainer.eos_token_ids}, ours on {trainer.processing_class.eos_token_id} only")
+    return {
+        "wall_s": clock.ends[-1] - clock.begins[0],
+        "step_s": [end - begin for begin, end in zip(clock.begins, clock.ends)],
+        "reward_curve": curve,
+        "model_dir": str(final),
+    }
 
 
 def held_out_accuracy(model_dir: str, held_out: list[dict]) -> float:
@@ -199,7 +260,7 @@ def write_plot(path: Path, results: dict) -> None:
         ax.plot(range(1, len(r["reward_curve"]) + 1), r["reward_curve"], label=name)
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("mean training reward (exact match)")
-    ax.set_title("Sort-the-digits GRPO: mean reward of each step's 128 completions")
+    ax.set_title("Sort-the-digits GRPO: mean reward of each step's completions")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -209,11 +270,13 @@ def write_plot(path: Path, results: dict) -> None:
 
 def write_markdown(path: Path, report: dict) -> None:
     s = report["settings"]
+    before = report["exact_match_before"]
     rows = "\n".join(
-        f"| {name} | {s['steps']} | {r['wall_s']:.1f} | {r['samples_per_s']:.0f} | {report['exact_match_before']:.3f} | "
-        f"{r['exact_match_after']:.3f} |"
+        f"| {name} | {s['steps']} | {r['wall_s']:.1f} | {r['samples_per_s']:.0f} "
+        f"| {r['median_step_samples_per_s']:.0f} | {before:.3f} | {r['exact_match_after']:.3f} |"
         for name, r in report["results"].items()
     )
+    agreement = report["gradient_agreement"]
     settings = "\n".join(f"- {k}: {v}" for k, v in s.items())
     vers = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
     path.write_text(
@@ -221,13 +284,18 @@ def write_markdown(path: Path, report: dict) -> None:
 
 Sort-the-digits demo task, one run each from the same SFT model, {report['machine']}.
 
-| trainer | steps | wall s | samples/s | held-out exact match before | after |
-|---|---|---|---|---|---|
+| trainer | steps | wall s | samples/s | samples/s, median step | held-out exact match before | after |
+|---|---|---|---|---|---|---|
 {rows}
 
 Throughput ratio ours / TRL: **{report['speedup']:.1f}x** (samples/s = steps x {s['completions_per_step']} / wall s;
 wall s is from the start of the first GRPO step to the end of the last, excluding model loading, trainer
-construction and saving). Held-out exact match: greedy, {s['held_out_examples']} prompts (seed + 10000).
+construction and saving). The median step's throughput (sampling to optimizer step, without the step's logging)
+is less sensitive to other jobs on the machine: ratio {report['median_step_speedup']:.1f}x.
+Held-out exact match: greedy, {s['held_out_examples']} prompts (the demo's held-out set, seed + 10000).
+Same loss: on one batch of {s['completions_per_step']} completions fed to both (TRL running its own tokenization,
+reward call, advantages, padding and loss on it), the gradients differ by {agreement['relative_difference']:.1e} of
+their norm ({agreement['gradient_norm']:.3f}).
 Reward curves: `grpo_vs_trl.png`; numbers: `grpo_vs_trl.json`. One run per trainer on a shared machine: timings
 are noisy, and the held-out figures after {s['steps']} steps differ by sampling luck as much as by trainer.
 
@@ -257,7 +325,10 @@ Versions: {vers}.
 
 
 def main(out_dir: str = "runs/bench", steps: int = 100, seed: int = 0) -> dict:
-    """Train the demo's SFT model, run `steps` GRPO steps with each trainer, and write the report under out_dir."""
+    """Train the demo's SFT model, run `steps` GRPO steps with each trainer, and write the report under out_dir.
+
+    `seed` seeds both GRPO runs (prompt order and sampling); the starting model is always the demo's.
+    """
     try:
         import trl  # noqa: F401
     except ImportError:
@@ -265,30 +336,32 @@ def main(out_dir: str = "runs/bench", steps: int = 100, seed: int = 0) -> dict:
     torch.set_num_threads(1)
     out = Path(out_dir)
     root = out / "grpo_vs_trl"
-    demo = DemoConfig(seed=seed)
+    demo = DemoConfig()
     tokenizer = char_tokenizer()
     train = make_examples(demo.train_examples, demo.seed, demo.min_len, demo.max_len, tokenizer)
     held_out = make_examples(demo.eval_examples, demo.seed + 10_000, demo.min_len, demo.max_len, tokenizer)
     sft_dir = train_start_model(root, demo, train)
     before = held_out_accuracy(str(sft_dir), held_out)
 
+    grpo = dataclasses.replace(demo.grpo, model=str(sft_dir), steps=steps, seed=seed, eval_every=0, save_every=steps)
+    agreement = gradient_agreement(dataclasses.replace(grpo, run_dir=str(root / "trl")), train)
+
     results = {}
-    for name, run in (("rlvr_gym", run_ours), ("TRL", run_trl)):
-        run_dir = root / ("ours" if run is run_ours else "trl")
+    for name, run, run_dir in (("rlvr_gym", run_ours, root / "ours"), ("TRL", run_trl, root / "trl")):
         shutil.rmtree(run_dir, ignore_errors=True)  # a benchmark measures a fresh run, never a resumed one
-        grpo = dataclasses.replace(
-            demo.grpo, run_dir=str(run_dir), model=str(sft_dir), steps=steps, seed=seed, eval_every=0, save_every=steps
-        )
         torch.set_num_threads(1)
-        r = run(grpo, train)
-        r["samples_per_s"] = steps * grpo.prompts_per_step * grpo.group_size / r["wall_s"]
+        r = run(dataclasses.replace(grpo, run_dir=str(run_dir)), train)
+        rows = grpo.prompts_per_step * grpo.group_size
+        r["samples_per_s"] = steps * rows / r["wall_s"]
+        r["median_step_samples_per_s"] = rows / statistics.median(r["step_s"])
         r["exact_match_after"] = held_out_accuracy(r["model_dir"], held_out)
         r["threads_after"] = torch.get_num_threads()
         results[name] = r
 
     settings = {
         "steps": steps,
-        "prompts_per_step": grpo.prompts_per_step,
+        "prompts_per_step": f"{grpo.prompts_per_step}, the same in both runs at every step "
+        "(TRL reads its dataset in order, shuffle_dataset=False, written in the order our trainer draws)",
         "group_size": grpo.group_size,
         "completions_per_step": grpo.prompts_per_step * grpo.group_size,
         "micro_batch": grpo.micro_batch,
@@ -302,17 +375,21 @@ def main(out_dir: str = "runs/bench", steps: int = 100, seed: int = 0) -> dict:
         "max_grad_norm": grpo.max_grad_norm,
         "seed": seed,
         "device": "cpu, fp32, torch threads 1",
-        "model": f"Llama {demo.size.layers} layers x {demo.size.hidden_size} wide, trained from scratch by the demo's SFT ({demo.sft.steps} steps)",
+        "model": f"Llama, {demo.size.layers} layers x {demo.size.hidden_size} wide, "
+        f"from the demo's SFT ({demo.sft.steps} steps)",
         "train_prompts": demo.train_examples,
         "held_out_examples": demo.eval_examples,
     }
+    ours, theirs = results["rlvr_gym"], results["TRL"]
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",
         "settings": settings,
         "versions": versions(),
         "exact_match_before": before,
+        "gradient_agreement": agreement,
         "results": results,
-        "speedup": results["rlvr_gym"]["samples_per_s"] / results["TRL"]["samples_per_s"],
+        "speedup": ours["samples_per_s"] / theirs["samples_per_s"],
+        "median_step_speedup": ours["median_step_samples_per_s"] / theirs["median_step_samples_per_s"],
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "grpo_vs_trl.json").write_text(json.dumps(report, indent=2))
@@ -324,7 +401,8 @@ def main(out_dir: str = "runs/bench", steps: int = 100, seed: int = 0) -> dict:
 if __name__ == "__main__":
     import tyro
 
-    result = tyro.cli(main)
-    print(json.dumps({k: result[k] for k in ("exact_match_before", "speedup")} | {
-        name: {k: r[k] for k in ("wall_s", "samples_per_s", "exact_match_after")} for name, r in result["results"].items()
-    }, indent=2))
+    report = tyro.cli(main)
+    for name, r in report["results"].items():
+        print(f"{name}: {r['samples_per_s']:.0f} samples/s, held-out exact match {report['exact_match_before']:.3f} -> "
+              f"{r['exact_match_after']:.3f}")
+    print(f"ours / TRL: {report['speedup']:.2f}x (median step: {report['median_step_speedup']:.2f}x)")

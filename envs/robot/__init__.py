@@ -10,7 +10,7 @@ choose_gl_backend()
 import gymnasium as gym  # noqa: E402
 
 from envs.robot.env import RealRT1Env  # noqa: E402
-from envs.robot.policies import ScriptedPolicy, make_scripted_policy  # noqa: E402
+from envs.robot.policies import ScriptedPolicy, make_scripted_policy, rollout  # noqa: E402
 from envs.robot.scene import OBJECT_NAMES  # noqa: E402
 from envs.robot.tasks import TASKS, Task, is_success  # noqa: E402
 
@@ -35,4 +35,5 @@ __all__ = [
     "is_success",
     "make_scripted_policy",
     "register_envs",
+    "rollout",
 ]

@@ -10,18 +10,18 @@ import numpy as np
 from envs.robot.gl_backend import HELP as GL_HELP
 from envs.robot.scene import (
     FINGER_TRAVEL,
+    IMAGE_SIZE,
     GRIPPER_HIGH,
     GRIPPER_LOW,
     GRIPPER_YAW_LIMIT,
     OBJECT_BODIES,
     OBJECT_HALF_SIZE,
-    TARGET_HIDDEN_Z,
+    TARGET_HALF_HEIGHT,
     load_model,
 )
 from envs.robot.tasks import TASKS, Layout, Task, is_success, sample_layout, sample_task
 
-IMAGE_SIZE = 64
-MAX_TRANSLATION = 0.06
+MAX_TRANSLATION = 0.07
 """Palm displacement (m) per step for world_vector = +-1."""
 MAX_YAW = 0.3
 """Yaw change (rad) per step for rotation_delta[2] = +-1."""
@@ -34,26 +34,26 @@ class RealRT1Env(gym.Env):
     """A tabletop with a drawer, three objects and a parallel gripper, controlled like RT-1 and seen from a camera.
 
     ## Description
-    A MuJoCo scene: a table, a cabinet with a drawer (slide joint, handle facing the robot), a red cube,
-    a green cube and a blue can, a yellow target marker (shown in push_to_target only) and a parallel
-    gripper on a wrist rod. The gripper is position-controlled: each step sets targets for its x, y, z,
-    yaw and finger joints, and the physics runs FRAME_SKIP = 20 steps of 5 ms (0.1 s, 10 Hz). Tasks, in
-    RT-1's spirit: `open_drawer`, `close_drawer`, `move_near` (push object A near object B) and
-    `push_to_target` (push object A onto the marker); `task="random"` draws one per reset.
+    A MuJoCo scene: a table, a cabinet with a drawer (slide joint, handle facing -x), a red cube, a green
+    cube and a blue can, a flat yellow target marker (push_to_target's goal, a distractor otherwise) and a
+    parallel gripper on a wrist rod. The gripper is position-controlled: each step sets targets for its x, y, z, yaw and
+    finger joints, then the physics runs FRAME_SKIP = 20 steps of 5 ms (0.1 s, 10 Hz). Tasks, in RT-1's
+    spirit: `open_drawer`, `close_drawer`, `move_near` (push object A near object B) and `push_to_target`
+    (push object A onto the marker); `task="random"` draws one per reset.
 
-    The control rate is chosen so that frames differ: a full-scale world_vector moves the palm 6 cm,
-    about 5-6 pixels at 64x64, as RT-1's 3 Hz frames do. (A world model trained on frames that move 2-3
-    pixels per step learns to copy the last frame.)
+    The control rate is chosen so that consecutive frames differ: a full-scale world_vector moves the
+    palm 7 cm, which is about 7.5 px sideways, 6 px in depth and 4.5 px vertically at 64x64, as RT-1's
+    3 Hz frames do. (A world model trained on frames that move 2-3 px per step learns to copy the last frame.)
 
     ## Action Space
-    `Box(-1, 1, (7,), float32)`, RT-1's end-effector action, clipped to [-1, 1]:
-    - `[0:3]` world_vector: palm displacement along world x (right), y (away from the camera), z (up),
-      scaled by MAX_TRANSLATION = 0.06 m, from the palm's current position; the target is clipped to the
-      workspace x in [-0.34, 0.24], y in [-0.24, 0.24], z in [0.094, 0.30] m (the table top is z = 0).
-    - `[3:6]` rotation_delta (roll, pitch, yaw): only yaw acts, scaled by MAX_YAW = 0.3 rad and clipped to
-      [-pi/2, pi/2]; roll and pitch are ignored (the gripper always points down).
+    `Box(-1, 1, (7,), float32)`, RT-1's end-effector action; values outside [-1, 1] are clipped:
+    - `[0:3]` world_vector: palm displacement along world x (right), y (away from the camera) and z (up),
+      times MAX_TRANSLATION = 0.07 m, from the palm's current position; the target is clipped to the
+      workspace x in [-0.34, 0.24], y in [-0.24, 0.24], z in [0.094, 0.30] m (table top at z = 0).
+    - `[3:6]` rotation_delta (roll, pitch, yaw): only yaw acts, times MAX_YAW = 0.3 rad, clipped to
+      [-pi, pi]; roll and pitch are ignored (the gripper always points down).
     - `[6]` gripper_closedness: absolute, -1 fully open (5 cm between the fingers) to +1 fully closed.
-    An action of the wrong shape or with NaN / inf raises ValueError.
+    An action of the wrong shape, or with NaN or inf, raises ValueError.
 
     ## Observation Space
     `Box(0, 255, (64, 64, 3), uint8)`: the RGB frame from the fixed front camera, no shadows, no MSAA.
@@ -62,22 +62,24 @@ class RealRT1Env(gym.Env):
     Sparse: 1.0 on the step that reaches success, 0.0 otherwise.
 
     ## Starting State
-    Drawn from the reset seed: the task's objects, object positions (at least 12 cm apart) and yaws, the
-    gripper's position above the table and yaw in [-0.6, 0.6] rad, fingers open, the drawer's opening
-    (nearly closed for open_drawer, open for close_drawer, anything otherwise) and the target's position.
+    Drawn from the reset seed: the task's objects; positions of the objects and the target marker (at
+    least 12 cm apart, in a region clear of the drawer) and object yaws; the palm 20-26 cm above the table,
+    yaw in [-0.6, 0.6] rad, fingers open; the drawer nearly closed (open_drawer), open (close_drawer) or
+    anywhere (other tasks). What a task must bring together starts at least 15 cm apart.
 
     ## Episode End
-    Terminated when the task succeeds (tests on the true state in `envs.robot.tasks.is_success`);
+    Terminated when the task succeeds (`envs.robot.tasks.is_success` on the true state: drawer joint
+    >= 9 cm open / <= 1.5 cm closed, object centres < 9 cm apart, object centre within the marker's 3.5 cm);
     truncated after `horizon` steps.
 
     `info` carries the true state: `task`, `instruction`, `object_a`, `object_b` (indices into
-    OBJECT_NAMES, -1 if unused), `gripper_pos` (3,), `gripper_yaw`, `gripper_closedness` (0 open .. 1
-    closed, measured), `object_pos` (3, 3), `drawer_qpos` (m, 0 closed), `handle_pos` (3,),
-    `target_pos` (3,; NaN unless push_to_target), `success` (and `is_success`, the key SB3 reads), `step`.
+    OBJECT_NAMES, -1 if unused), `gripper_pos` (3,), `gripper_yaw`, `gripper_closedness` (measured, 0 open
+    to 1 closed), `object_pos` (3, 3), `drawer_qpos` (m, 0 closed), `handle_pos` (3,), `target_pos` (3,),
+    `success` (and `is_success`, the key SB3 reads), `step`.
 
     ## Arguments
     - `task`: one of TASKS or "random" (default).
-    - `horizon`: steps before truncation (default 50).
+    - `horizon`: steps before truncation (default 50; experts need 9-36).
     - `render_mode`: None or "rgb_array"; `render()` returns the current observation frame.
     """
 
@@ -164,8 +166,7 @@ class RealRT1Env(gym.Env):
         for adr, xy, yaw in zip(self._object_qpos, layout.object_xy, layout.object_yaw):
             qpos[adr : adr + 7] = [*xy, OBJECT_HALF_SIZE, np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2)]
         self.data.ctrl[:] = [*layout.gripper_pos, layout.gripper_yaw, 0.0, 0.0]
-        target = [*layout.target_xy, 0.0005] if layout.target_xy is not None else [0.0, 0.0, TARGET_HIDDEN_Z]
-        self.model.geom_pos[self._target] = target
+        self.model.geom_pos[self._target] = [*layout.target_xy, TARGET_HALF_HEIGHT]
         mujoco.mj_forward(self.model, self.data)
 
     def _render_frame(self) -> np.ndarray:
@@ -176,8 +177,7 @@ class RealRT1Env(gym.Env):
         qpos = self.data.qpos
         object_pos = self.data.xpos[self._object_bodies].copy()
         drawer = float(qpos[self._drawer_qpos])
-        shown = self._task.name == "push_to_target"
-        target_pos = self.model.geom_pos[self._target].copy() if shown else np.full(3, np.nan)
+        target_pos = self.model.geom_pos[self._target].copy()
         success = is_success(self._task, object_pos, drawer, target_pos)
         return {
             "task": self._task.name,
@@ -201,5 +201,8 @@ def _make_renderer(model: mujoco.MjModel) -> mujoco.Renderer:
     try:
         return mujoco.Renderer(model, IMAGE_SIZE, IMAGE_SIZE)
     except Exception as error:
-        backend = os.environ.get("MUJOCO_GL", "<unset>")
-        raise RuntimeError(f"MuJoCo could not render offscreen with MUJOCO_GL={backend}: {error}. {GL_HELP}") from error
+        if "MUJOCO_GL" not in os.environ:
+            cause = "mujoco was imported before envs.robot with MUJOCO_GL unset, so it chose GLFW, which needs a display"
+        else:
+            cause = f"MUJOCO_GL={os.environ['MUJOCO_GL']} failed: {error}"
+        raise RuntimeError(f"MuJoCo cannot render offscreen: {cause}. {GL_HELP}") from error

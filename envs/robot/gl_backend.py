@@ -31,7 +31,11 @@ def egl_device_available() -> bool:
 
 
 def choose_gl_backend() -> str:
-    """Set MUJOCO_GL to egl, or osmesa when no EGL device exists, unless it is set or mujoco is already imported."""
+    """Set MUJOCO_GL unless it is set or mujoco is already imported: egl, or osmesa when only OSMesa is there.
+
+    With neither, egl is kept, and making the env raises an error that names the Debian packages to install.
+    """
     if "MUJOCO_GL" not in os.environ and "mujoco" not in sys.modules:
-        os.environ["MUJOCO_GL"] = "egl" if egl_device_available() else "osmesa"
+        use_osmesa = not egl_device_available() and ctypes.util.find_library("OSMesa") is not None
+        os.environ["MUJOCO_GL"] = "osmesa" if use_osmesa else "egl"
     return os.environ.get("MUJOCO_GL", "")

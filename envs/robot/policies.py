@@ -6,10 +6,11 @@ still), and, once per episode, a wrong target (the drawer moved the wrong way, t
 or the object pushed near the wrong one).
 """
 
+import gymnasium as gym
 import numpy as np
 
 from envs.robot.env import MAX_TRANSLATION, MAX_YAW
-from envs.robot.scene import GRIPPER_YAW_LIMIT, OBJECT_HALF_SIZE, OBJECT_NAMES
+from envs.robot.scene import FINGER_HALF_THICKNESS, FINGER_PAD_HALF_WIDTH, GRIPPER_YAW_LIMIT, OBJECT_HALF_SIZE, OBJECT_NAMES
 from envs.robot.tasks import TASKS
 
 TRAVEL_Z = 0.23
@@ -22,10 +23,8 @@ GRASP_Z = 0.12
 """Palm height (m) that puts the drawer handle between the fingers, below the palm."""
 HANDLE_X_OFFSET = -0.008
 """Palm x relative to the handle: the finger nearer the drawer keeps clear of its front."""
-PUSHER_HALF_DEPTH = 0.012
+PUSHER_HALF_DEPTH = 2 * FINGER_HALF_THICKNESS
 """Half depth (m) of the closed fingers along the push (the gripper's x axis)."""
-PUSHER_HALF_WIDTH = 0.025
-"""Half width (m) of a finger's pad, the pushing face, across the push."""
 PRE_PUSH_GAP = 0.035
 """Gap (m) between pushing face and object before a push starts."""
 PUSH_STEP = 0.024
@@ -34,8 +33,8 @@ DETOUR_ANGLES = (0.0, 0.5, -0.5, 1.0, -1.0, 1.5, -1.5)
 """Push directions tried, in radians from straight to the goal, when another object sits where the fingers go."""
 NEAR_GAP = 0.06
 """move_near aims object A's centre this far (m) from object B's, inside tasks.NEAR_DISTANCE."""
-MAX_NOISE_STD = 0.5
-MAX_DELAY_PROB = 0.3
+MAX_NOISE_STD = 0.2
+MAX_DELAY_PROB = 0.4
 MAX_WRONG_TARGET_PROB = 0.6
 
 
@@ -95,7 +94,7 @@ def _blocked(info: dict, index: int, u: np.ndarray) -> bool:
     others = np.delete(info["object_pos"][:, :2], index, axis=0) - _pre_push(info["object_pos"][index, :2], u)
     n = np.array([-u[1], u[0]])
     clearance = OBJECT_HALF_SIZE * np.sqrt(2) + 0.005
-    overlap = (np.abs(others @ n) < PUSHER_HALF_WIDTH + clearance) & (np.abs(others @ u) < PUSHER_HALF_DEPTH + clearance)
+    overlap = (np.abs(others @ n) < FINGER_PAD_HALF_WIDTH + clearance) & (np.abs(others @ u) < PUSHER_HALF_DEPTH + clearance)
     return bool(overlap.any())
 
 
@@ -164,7 +163,8 @@ class ScriptedPolicy:
             raise ValueError(f"skill must be in [0, 1] (1 = expert), got {skill}")
         self.task = task
         self.skill = skill
-        self.rng = np.random.default_rng(seed)
+        # A stream of its own: gymnasium seeds the env with SeedSequence(seed), and the same seed is natural here.
+        self.rng = np.random.default_rng([seed, 1])
         self.noise_std = MAX_NOISE_STD * (1.0 - skill)
         self.delay_prob = MAX_DELAY_PROB * (1.0 - skill)
         self.wrong_target_prob = MAX_WRONG_TARGET_PROB * (1.0 - skill)
@@ -210,3 +210,17 @@ class ScriptedPolicy:
 def make_scripted_policy(task: str, skill: float = 1.0, seed: int = 0) -> ScriptedPolicy:
     """A scripted policy for `task` (or "random": whatever info["task"] says) at `skill` in [0, 1], 1 = expert."""
     return ScriptedPolicy(task, skill, seed)
+
+
+def rollout(env: gym.Env, policy: ScriptedPolicy, seed: int) -> tuple[list[np.ndarray], list[np.ndarray], list[dict]]:
+    """One episode from `env.reset(seed=seed)` to termination or truncation: frames (reset frame first), actions, infos."""
+    frame, info = env.reset(seed=seed)
+    frames, actions, infos = [frame], [], [info]
+    done = False
+    while not done:
+        actions.append(policy(frame, info))
+        frame, _, terminated, truncated, info = env.step(actions[-1])
+        frames.append(frame)
+        infos.append(info)
+        done = terminated or truncated
+    return frames, actions, infos

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.robot.scene import DRAWER_TRAVEL, OBJECT_HALF_SIZE, OBJECT_NAMES
+from envs.robot.scene import DRAWER_TRAVEL, OBJECT_HALF_SIZE, OBJECT_NAMES, TARGET_RADIUS
 
 TASKS = ("open_drawer", "close_drawer", "move_near", "push_to_target")
 DRAWER_OPEN = 0.09
@@ -13,8 +13,8 @@ DRAWER_CLOSED = 0.015
 """Drawer joint (m) at or below which the drawer is closed."""
 NEAR_DISTANCE = 0.09
 """Object centres closer than this in the table plane (m) are near each other; a cube is 0.05 m wide."""
-ON_TARGET_DISTANCE = 0.035
-"""An object whose centre is within this of the target's centre (m) is on it: the marker's radius."""
+ON_TARGET_DISTANCE = TARGET_RADIUS
+"""An object whose centre is within this of the target's centre (m) is on it: the marker's radius, 3.5 cm."""
 OBJECT_REGION_LOW = np.array([-0.26, -0.15])
 OBJECT_REGION_HIGH = np.array([-0.04, 0.15])
 MIN_OBJECT_SPACING = 0.12
@@ -43,14 +43,14 @@ class Task:
 
 @dataclass
 class Layout:
-    """An initial state: gripper palm pose, objects on the table, drawer opening, target marker (None: hidden)."""
+    """An initial state: gripper palm pose, objects on the table, drawer opening, target marker."""
 
     gripper_pos: np.ndarray
     gripper_yaw: float
     object_xy: np.ndarray
     object_yaw: np.ndarray
     drawer_qpos: float
-    target_xy: np.ndarray | None
+    target_xy: np.ndarray
 
 
 def sample_task(name: str, rng: np.random.Generator) -> Task:
@@ -62,14 +62,14 @@ def sample_task(name: str, rng: np.random.Generator) -> Task:
 
 
 def sample_layout(task: Task, rng: np.random.Generator) -> Layout:
-    """Draw a start state for the task: objects spaced apart, nothing already solved."""
+    """Draw a start state for the task: objects and target marker spaced apart, nothing already solved."""
     if task.name == "open_drawer":
         drawer = rng.uniform(0.0, 0.02)
     elif task.name == "close_drawer":
         drawer = rng.uniform(DRAWER_OPEN, DRAWER_TRAVEL)
     else:
         drawer = rng.uniform(0.0, DRAWER_TRAVEL)
-    n_points = len(OBJECT_NAMES) + (task.name == "push_to_target")
+    n_points = len(OBJECT_NAMES) + 1
     while True:
         points = rng.uniform(OBJECT_REGION_LOW, OBJECT_REGION_HIGH, size=(n_points, 2))
         gaps = np.linalg.norm(points[:, None] - points[None], axis=-1) + np.eye(n_points)
@@ -86,7 +86,7 @@ def sample_layout(task: Task, rng: np.random.Generator) -> Layout:
         object_xy=points[: len(OBJECT_NAMES)],
         object_yaw=rng.uniform(-np.pi, np.pi, size=len(OBJECT_NAMES)),
         drawer_qpos=float(drawer),
-        target_xy=points[-1] if task.name == "push_to_target" else None,
+        target_xy=points[-1],
     )
 
 

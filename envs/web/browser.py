@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import urllib.parse
 
 import gymnasium as gym
 import miniwob
 from miniwob.environment import MiniWoBEnvironment
-from miniwob.selenium_instance import SeleniumInstance
+from miniwob.fields import get_field_extractor
+from miniwob.selenium_instance import DEFAULT_BASE_URL, SeleniumInstance
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -77,12 +79,15 @@ class _Instance(SeleniumInstance):
         self.driver.command_executor.client_config.timeout = COMMAND_TIMEOUT_S
         self.driver.set_script_timeout(SCRIPT_TIMEOUT_S)
         self.driver.set_page_load_timeout(PAGE_LOAD_TIMEOUT_S)
+        self.open_page()
+        self.inner_width, self.inner_height = self.driver.execute_script("return [window.innerWidth, window.innerHeight];")
+
+    def open_page(self) -> None:
         self.driver.get(self.url)
         try:
             WebDriverWait(self.driver, 5).until(expected_conditions.element_to_be_clickable((By.ID, self.SYNC_SCREEN_ID)))
         except TimeoutException as e:
             raise RuntimeError(f"MiniWoB page {self.url} did not load in 5 s") from e
-        self.inner_width, self.inner_height = self.driver.execute_script("return [window.innerWidth, window.innerHeight];")
 
 
 class MiniWoBBrowserEnv(MiniWoBEnvironment):
@@ -98,6 +103,15 @@ class MiniWoBBrowserEnv(MiniWoBEnvironment):
     @property
     def driver(self) -> webdriver.Chrome:
         return self.instance.driver
+
+    def load_task(self, task: str) -> None:
+        """Open another (non-flight) MiniWoB task's page in the same browser."""
+        if task.startswith("flight."):
+            raise ValueError(f"{task!r} needs MiniWoB's HTTP server: make a new env for flight tasks")
+        self.subdomain = self.instance_kwargs["subdomain"] = task
+        self.instance.url = urllib.parse.urljoin(self.instance_kwargs["base_url"] or DEFAULT_BASE_URL, f"{task}.html")
+        self.instance.field_extractor = get_field_extractor(task)
+        self.instance.open_page()
 
     def restart(self) -> None:
         """Quit the browser (dead or alive) and start a fresh one on the same task."""

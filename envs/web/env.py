@@ -55,6 +55,7 @@ const ac = $ && active && $(active).data('ui-autocomplete');
 if (ac) busy = busy || (ac.term !== active.value && active.value.length >= ac.options.minLength);
 return [h, busy];
 """
+_OBJECT_GROUP = "rlvr-gym"  # handles to elements we act on, released at each reset
 # MiniWoB acts on elements by the ref its last DOM scan gave them; scan again so the ref is current.
 _REF_JS = """function() {
   const el = this.nodeType === 1 ? this : this.parentElement;
@@ -178,13 +179,27 @@ class WebTaskEnv:
         except BROWSER_ERRORS as e:
             log.warning("browser failed during a step of %s (%s); restarting and replaying", self.task, type(e).__name__)
             self._replay()
-            reward, terminated, info = self._act(kind, node_id, text)
+            try:
+                reward, terminated, info = self._act(kind, node_id, text)
+            except BROWSER_ERRORS as again:
+                self._done = True
+                raise BrowserError(f"the browser of {self.task} failed twice on {action!r}; call reset()") from again
             restarted = True
         self._actions.append(action)
         truncated = not terminated and len(self._actions) >= self.max_steps
         self._done = terminated or truncated
         info.update(task=self.task, seed=self.seed, step=len(self._actions), restarted=restarted)
         return self._tree_text, reward, terminated, truncated, info
+
+    def load_task(self, task: str) -> None:
+        """Switch this browser to another task (cheaper than a new env); call `reset` next."""
+        try:
+            self._env.load_task(task)
+        except BROWSER_ERRORS:
+            self._env.restart()
+            self._env.load_task(task)
+        self.task = task
+        self._done = True
 
     def close(self) -> None:
         """Quit the browser."""
@@ -194,7 +209,8 @@ class WebTaskEnv:
             log.warning("browser of %s was already gone at close", self.task)
 
     def _start_episode(self) -> dict[str, Any]:
-        obs, info = self._env.reset(seed=self.seed)
+        obs, _ = self._env.reset(seed=self.seed)
+        self.driver.execute_cdp_cmd("Runtime.releaseObjectGroup", {"objectGroup": _OBJECT_GROUP})
         self.utterance = obs["utterance"]
         self._ids = {}
         settled = self._capture()
@@ -210,7 +226,11 @@ class WebTaskEnv:
             action = {"action_type": _ACTIONS.index(ActionTypes.CLICK_ELEMENT), "ref": ref}
         else:
             action = {"action_type": _ACTIONS.index(ActionTypes.FOCUS_ELEMENT_AND_TYPE_TEXT), "ref": ref, "text": text}
-        _, reward, terminated, _, meta = self._env.step(action)
+        # MiniWoB's own step also scans the whole DOM for its observation; we only need the action and the outcome.
+        instance = self._env.instance
+        instance.perform(action, self._env.action_space_config)
+        meta = instance.get_metadata()
+        reward, terminated = get_raw_reward(meta), meta["done"]
         settled = self._capture()
         info = {
             "raw_reward": meta["raw_reward"],
@@ -223,14 +243,11 @@ class WebTaskEnv:
         return float(reward), bool(terminated), info
 
     def _ref(self, backend_id: int) -> int | None:
-        obj = self.driver.execute_cdp_cmd("DOM.resolveNode", {"backendNodeId": backend_id, "objectGroup": "rlvr"})
-        try:
-            result = self.driver.execute_cdp_cmd(
-                "Runtime.callFunctionOn",
-                {"objectId": obj["object"]["objectId"], "functionDeclaration": _REF_JS, "returnByValue": True},
-            )
-        finally:
-            self.driver.execute_cdp_cmd("Runtime.releaseObjectGroup", {"objectGroup": "rlvr"})
+        obj = self.driver.execute_cdp_cmd("DOM.resolveNode", {"backendNodeId": backend_id, "objectGroup": _OBJECT_GROUP})
+        result = self.driver.execute_cdp_cmd(
+            "Runtime.callFunctionOn",
+            {"objectId": obj["object"]["objectId"], "functionDeclaration": _REF_JS, "returnByValue": True},
+        )
         return result["result"].get("value")
 
     def _capture(self) -> bool:

@@ -150,7 +150,9 @@ def _reveal_and_click(fields: dict, nodes: list[Node], memory: dict) -> str | No
             panel = _ancestor(nodes, text, "tabpanel")
             tab = panel and _first(_visible(nodes), "tab", panel.name)
             if tab:
-                return click(tab.id)
+                # jQuery UI tabs listen on the tab's link; accordion headers (also role tab) have none.
+                link = _first(_subtree(nodes, tab), "link")
+                return click((link or tab).id)
     return None
 
 

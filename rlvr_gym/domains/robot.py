@@ -169,3 +169,92 @@ def repetition_rate(pred_tokens: np.ndarray | torch.Tensor, prev_tokens: np.ndar
         raise ValueError("repetition rate of an empty batch is undefined; pass at least one frame")
     same = (pred_tokens == prev_tokens.to(pred_tokens.device)).flatten(1).all(dim=1)
     return same.float().mean().item()
+
+
+# ---------------------------------------------------------------------------------------------------- token layout
+# The video world model reads and writes one sequence per episode window:
+#     BOS, [frame_t (64 codes), flag_t, action_t (7 bins)], [frame_t+1, flag_t+1, action_t+1], ...
+# frame codes are the frame tokenizer's ids, flag_t says whether the task has succeeded in frame t (the world
+# model's success head is this token's probability), action bins are shifted past the codebook.
+CODEBOOK_SIZE = 1000
+FRAME_TOKENS = 64
+ACTION_OFFSET = CODEBOOK_SIZE
+FLAG_RUNNING = ACTION_OFFSET + NUM_BINS
+FLAG_SUCCESS = FLAG_RUNNING + 1
+BOS = FLAG_SUCCESS + 1
+PAD = BOS + 1
+VOCAB_SIZE = PAD + 1
+STEP_TOKENS = FRAME_TOKENS + 1 + ACTION_DIM
+
+
+def step_tokens(frame_tokens, success: bool, action=None) -> list[int]:
+    """One step of the sequence: a frame's codes, its success flag, then (if given) the action taken from it."""
+    out = [int(t) for t in frame_tokens] + [FLAG_SUCCESS if success else FLAG_RUNNING]
+    if action is not None:
+        out += [ACTION_OFFSET + int(b) for b in actions_to_bins(np.asarray(action, dtype=np.float32))]
+    return out
+
+
+def window_tokens(frame_tokens, success, actions) -> list[int]:
+    """BOS + steps for frames 0..n-1 with the n actions taken from them (the last frame's action included)."""
+    if len(actions) != len(frame_tokens):
+        raise ValueError(f"{len(frame_tokens)} frames need {len(frame_tokens)} actions (one taken from each), got {len(actions)}")
+    out = [BOS]
+    for frame, flag, action in zip(frame_tokens, success, actions):
+        out += step_tokens(frame, bool(flag), action)
+    return out
+
+
+def rollout_forced_tokens(actions, success=None) -> dict[int, int]:
+    """Forced completion positions for a k-step rollout: completion = frame, flag, [action, frame, flag]*(k-1).
+
+    `actions` are the k-1 actions taken *between* predicted frames (the first action is in the prompt). Flags
+    are forced to the real success values when given (they are not what the frame reward scores).
+    """
+    forced = {}
+    k = len(actions) + 1
+    for step in range(k):
+        start = step * STEP_TOKENS
+        if success is not None:
+            forced[start + FRAME_TOKENS] = FLAG_SUCCESS if success[step] else FLAG_RUNNING
+        if step < k - 1:
+            for j, b in enumerate(actions_to_bins(np.asarray(actions[step], dtype=np.float32))):
+                forced[start + FRAME_TOKENS + 1 + j] = ACTION_OFFSET + int(b)
+    return forced
+
+
+def rollout_length(k: int) -> int:
+    return k * STEP_TOKENS - ACTION_DIM
+
+
+def rollout_allowed_tokens(k: int) -> torch.Tensor:
+    """(rollout_length(k), VOCAB_SIZE) bool: frame codes where a frame goes, flags after it, actions between."""
+    allowed = torch.zeros((rollout_length(k), VOCAB_SIZE), dtype=torch.bool)
+    for pos in range(rollout_length(k)):
+        offset = pos % STEP_TOKENS
+        if offset < FRAME_TOKENS:
+            allowed[pos, :CODEBOOK_SIZE] = True
+        elif offset == FRAME_TOKENS:
+            allowed[pos, FLAG_RUNNING : FLAG_SUCCESS + 1] = True
+        else:
+            allowed[pos, ACTION_OFFSET : ACTION_OFFSET + NUM_BINS] = True
+    return allowed
+
+
+def parse_rollout(completion_ids, k: int) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
+    """Completion ids of a k-step rollout -> (frame codes (k, 64), success flags (k,), error)."""
+    ids = list(completion_ids)
+    if len(ids) < rollout_length(k):
+        return None, None, f"rollout has {len(ids)} tokens, {rollout_length(k)} needed for {k} frames"
+    frames, flags = [], []
+    for step in range(k):
+        start = step * STEP_TOKENS
+        frame = ids[start : start + FRAME_TOKENS]
+        if any(not 0 <= t < CODEBOOK_SIZE for t in frame):
+            return None, None, f"frame {step} holds a token that is not a frame code"
+        flag = ids[start + FRAME_TOKENS]
+        if flag not in (FLAG_RUNNING, FLAG_SUCCESS):
+            return None, None, f"frame {step} is not followed by a success flag"
+        frames.append(frame)
+        flags.append(flag == FLAG_SUCCESS)
+    return np.asarray(frames, dtype=np.int64), np.asarray(flags), None

@@ -47,6 +47,9 @@ class Rollout:
     """(rows, max_new_tokens) bool: the positions that belong to the completion (stop token included)."""
     forced_mask: torch.Tensor
     """(rows, max_new_tokens) bool: positions whose token was forced rather than sampled."""
+    tracked_probs: torch.Tensor | None = None
+    """(rows, max_new_tokens, len(track_token_ids)): the model's probability (temperature 1) of each tracked
+    token at each position, e.g. a success flag's probability as a success head."""
 
     @property
     def lengths(self) -> list[int]:
@@ -92,10 +95,15 @@ def sample(
     forced: Sequence[Mapping[int, int]] | None = None,
     pad_token_id: int = 0,
     generator: torch.Generator | None = None,
+    track_token_ids: Sequence[int] = (),
+    allowed_tokens: torch.Tensor | None = None,
 ) -> Rollout:
     """Sample `num_samples` completions for each prompt (token ids).
 
-    `forced[i]` maps completion positions to the token that prompt i's samples must take there.
+    `forced[i]` maps completion positions to the token that prompt i's samples must take there;
+    `track_token_ids` asks for the model's probability of these tokens at every position;
+    `allowed_tokens` (max_new_tokens, vocab) bool restricts each completion position to a fixed layout's tokens
+    (e.g. frame codes, then a success flag), so that every sample can be parsed.
     """
     model = getattr(model, "module", model)  # DDP
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -113,6 +121,8 @@ def sample(
                     raise ValueError(f"forced position {pos} is outside the completion (max_new_tokens={T})")
                 forced_ids[i * num_samples : (i + 1) * num_samples, pos] = tok
     stop = torch.tensor(sorted(config.stop_token_ids), dtype=torch.long, device=device)
+    if allowed_tokens is not None and (allowed_tokens.shape[0] < T or not allowed_tokens.any(-1)[:T].all()):
+        raise ValueError(f"allowed_tokens needs a row with at least one allowed token for each of the {T} positions")
 
     decoder = make_decoder(model, prompts, max_len=max(map(len, prompts)) + T, device=device)
     logits = decoder.prefill()
@@ -121,9 +131,15 @@ def sample(
 
     out = torch.full((rows, T), pad_token_id, dtype=torch.long, device=device)
     in_completion = torch.zeros((rows, T), dtype=torch.bool, device=device)
+    tracked = torch.as_tensor(list(track_token_ids), dtype=torch.long, device=device)
+    tracked_probs = torch.zeros((rows, T, len(tracked)), device=device) if len(tracked) else None
     batch_rows = torch.arange(rows, device=device)  # the output row of each row in the running batch
     alive = torch.ones(rows, dtype=torch.bool, device=device)
     for t in range(T):
+        if allowed_tokens is not None:
+            logits = logits.masked_fill(~allowed_tokens[t], float("-inf"))
+        if tracked_probs is not None:
+            tracked_probs[batch_rows[alive], t] = logits[alive].softmax(-1)[:, tracked]
         tokens = next_tokens(logits, config, generator)
         forced_now = forced_ids[batch_rows, t]
         tokens = torch.where(forced_now >= 0, forced_now, tokens)
@@ -139,7 +155,7 @@ def sample(
             tokens, batch_rows, alive = tokens[keep], batch_rows[keep], alive[keep]
         logits = decoder.step(tokens)
     prompt_rows = [list(p) for p in prompts for _ in range(num_samples)]
-    return Rollout(prompt_rows, out, in_completion, in_completion & (forced_ids >= 0))
+    return Rollout(prompt_rows, out, in_completion, in_completion & (forced_ids >= 0), tracked_probs)
 
 
 def make_decoder(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device):

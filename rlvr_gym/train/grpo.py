@@ -175,12 +175,14 @@ def train_grpo(
     examples: Sequence[dict],
     eval_fn: EvalFn | None = None,
     decode: Callable[[list[int]], str] | None = None,
+    allowed_tokens: torch.Tensor | None = None,
 ) -> Path:
     """Run GRPO from config.model (or resume); returns the directory of the final model.
 
     `decode` turns completion ids into what the reward sees as `completions` (default: the tokenizer's decode;
     with no tokenizer, the id lists themselves). `eval_fn(model)` runs on rank 0 at step 0, every eval_every
-    steps and at the end, and its metrics are logged under eval/.
+    steps and at the end, and its metrics are logged under eval/. `allowed_tokens` is passed to the sampler
+    for domains whose completions have a fixed layout.
     """
     check_examples(examples)
     if config.max_new_tokens < 1 or config.group_size < 1 or config.prompts_per_step < 1:
@@ -229,6 +231,7 @@ def train_grpo(
             forced=[ex.get("forced", {}) for ex in batch_examples],
             pad_token_id=pad_id,
             generator=R.step_generator(config.seed, step, d.rank),
+            allowed_tokens=allowed_tokens,
         )
         sampled = time.perf_counter()
         completion_ids = rollout.completions()

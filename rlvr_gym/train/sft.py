@@ -1,7 +1,8 @@
 """Maximum-likelihood training (SFT / MLE) on (prompt, target) token pairs, with the run conventions of GRPO.
 
 Examples are dicts with "prompt_ids" and "target_ids" (the target should end with the stop token the sampler
-will stop on); the loss is the mean negative log-likelihood of the target tokens only.
+will stop on), and optionally "target_mask" (one bool per target token: False leaves it out of the loss, e.g. the
+actions inside a video world model's target); the loss is the mean negative log-likelihood of the target tokens.
 """
 
 from __future__ import annotations
@@ -47,10 +48,14 @@ def heldout_loss(model: torch.nn.Module, examples: Sequence[dict], pad_id: int, 
     total, count = 0.0, 0.0
     for s in chunks(len(examples), micro_batch):
         part = examples[s]
-        batch = pack_batch([e["prompt_ids"] for e in part], [e["target_ids"] for e in part], pad_id)
+        batch = pack_batch([e["prompt_ids"] for e in part], [e["target_ids"] for e in part], pad_id, target_masks(part))
         loss, n = nll(model, slice_batch(batch, slice(None), device))
         total, count = total + float(loss), count + float(n)
     return total / max(count, 1.0)
+
+
+def target_masks(examples: Sequence[dict]) -> list[list[bool]]:
+    return [e.get("target_mask") or [True] * len(e["target_ids"]) for e in examples]
 
 
 def check_pairs(examples: Sequence[dict], what: str) -> None:
@@ -96,7 +101,7 @@ def train_sft(
         started = time.perf_counter()
         idx = R.batch_indices(len(examples), config.batch_size, step, config.seed, d.rank, d.world_size)
         part = [examples[i] for i in idx]
-        batch = pack_batch([e["prompt_ids"] for e in part], [e["target_ids"] for e in part], pad_id)
+        batch = pack_batch([e["prompt_ids"] for e in part], [e["target_ids"] for e in part], pad_id, target_masks(part))
         tokens = float(batch["loss_mask"].sum())
         model.train()
         micro = chunks(len(part), config.micro_batch)

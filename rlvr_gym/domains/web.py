@@ -1,0 +1,287 @@
+"""Web domain: accessibility-tree lines, "New/Deleted/Updated items" targets, parsing, applying, F1 reward.
+
+Tree: the page's accessibility tree as text, one line per node, `[id] role 'name' props`, indented with one tab
+per depth (`envs.web.tree` writes it). Ids are stable within an episode, so a line is keyed by its id.
+
+Prompt (`format_prompt`):
+
+    Task: <utterance>
+    <tree lines>
+    Action: <action>
+
+Target (`format_target`), the change the action makes and what the task says about it:
+
+    New items:
+    <lines whose id was not in the tree before, in the new tree's order>
+    Deleted items:
+    <lines whose id is gone, as they were>
+    Updated items:
+    <lines whose id stayed but whose text changed (indentation included), as they are now>
+    Reward: <MiniWoB's raw reward, e.g. 0, 1, -1>
+    Done: yes|no
+
+An empty section is the single item `None`. Items keep their indentation, so applying a diff rebuilds lines
+exactly.
+
+`apply_diff` keeps the tree's order: deleted lines go, updated lines are replaced in place, and new items are
+inserted in runs. An item continues the run of the item listed before it when its depth is between the run's
+first depth and one deeper than that item (it then goes right after it). A run starting at depth d goes where
+the first not yet reused deleted line of depth d was (content replaced in place: search results, a new month in
+a datepicker); else as the last children of the last line of depth d-1 that this diff updates (a panel or menu
+that opens); else as the last children of the last line of depth d-1 (content appended at the end of the page,
+where MiniWoB's popups attach); a run at depth 0 goes at the end. On real MiniWoB transitions this rebuilds the
+next tree exactly in most cases (see the tests); where it does not, the lines are right and only the order of
+new lines differs. A new item whose id is already in the tree is applied as an update; deleted or updated ids
+that are not in the tree are ignored.
+
+Reward (`web_reward`, TRL-style): `0.8 * item_f1 + 0.1 * reward_ok + 0.1 * done_ok`, in [0, 1]. Item F1 pools the
+three sections: an item counts as a true positive when the same string is in the same section of the gold diff
+(multisets); precision = TP / |predicted items|, recall = TP / |gold items|, and F1 = 1.0 when both are empty.
+`reward_ok` is whether the predicted reward is within 1e-3 of the real one. A completion that does not parse
+scores 0.0 with the error. The "no change" baseline (`no_change_target`) predicts no items, reward 0, not done.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Any, TypedDict
+
+SECTIONS = ("new", "deleted", "updated")
+HEADERS = {"new": "New items:", "deleted": "Deleted items:", "updated": "Updated items:"}
+F1_WEIGHT, REWARD_WEIGHT, DONE_WEIGHT = 0.8, 0.1, 0.1
+REWARD_TOLERANCE = 1e-3
+_ITEM = re.compile(r"^(\t*)\[(\d+)\] \S")
+_REWARD = re.compile(r"^Reward: (\S+)$")
+_DONE = re.compile(r"^Done: (yes|no)$")
+
+
+class Diff(TypedDict):
+    new: list[str]
+    deleted: list[str]
+    updated: list[str]
+
+
+class Target(Diff):
+    reward: float
+    done: bool
+
+
+def format_prompt(utterance: str, tree: str, action: str) -> str:
+    """The model's input: the task, the current tree and the action, one block."""
+    return f"Task: {utterance}\n{tree}\nAction: {action}\n"
+
+
+def make_diff(tree_before: str, tree_after: str) -> Diff:
+    """New, deleted and updated lines between two trees of one episode, keyed by line id."""
+    before, after = _lines_by_id(tree_before), _lines_by_id(tree_after)
+    return {
+        "new": [line for i, line in after.items() if i not in before],
+        "deleted": [line for i, line in before.items() if i not in after],
+        "updated": [line for i, line in after.items() if i in before and before[i] != line],
+    }
+
+
+def format_target(diff: Diff, reward: float, done: bool) -> str:
+    """The target text for a diff and the step's reward and done."""
+    parts = []
+    for section in SECTIONS:
+        parts.append(HEADERS[section])
+        parts.extend(diff[section] or ["None"])
+    parts.append(f"Reward: {_format_reward(reward)}")
+    parts.append(f"Done: {'yes' if done else 'no'}")
+    return "\n".join(parts)
+
+
+def no_change_target() -> str:
+    """The "no change" baseline: no items, reward 0, not done."""
+    return format_target({"new": [], "deleted": [], "updated": []}, 0.0, False)
+
+
+def parse_target(text: str) -> tuple[Target | None, str | None]:
+    """`(target, None)` for a well-formed target, else `(None, error)`; never raises."""
+    try:
+        return _parse_target(text), None
+    except _TargetError as e:
+        return None, str(e)
+
+
+def apply_diff(tree: str, diff: Diff) -> str:
+    """The tree after the diff, in tree order (placement rules in the module docstring)."""
+    lines = tree.split("\n") if tree else []
+    present = {_line_id(line) for line in lines} - {None}
+    updated = {_line_id(line): line for line in diff["updated"]}
+    new = []
+    for line in diff["new"]:
+        if _line_id(line) in present:
+            updated[_line_id(line)] = line
+        else:
+            new.append(line)
+    deleted = {_line_id(line) for line in diff["deleted"]}
+    # Entries are [line, depth, kind]: kind "keep", "updated", "new", or "slot" for a deleted line's place.
+    out = []
+    for line in lines:
+        line_id = _line_id(line)
+        if line_id in deleted:
+            out.append([None, _depth(line), "slot"])
+        elif line_id in updated:
+            out.append([updated[line_id], _depth(updated[line_id]), "updated"])
+        else:
+            out.append([line, _depth(line), "keep"])
+    previous = None  # [index in out, run start depth, depth] of the last inserted item
+    for line in new:
+        depth = _depth(line)
+        if previous is not None and previous[1] <= depth <= previous[2] + 1:
+            at, start = previous[0] + 1, previous[1]
+        else:
+            at, start = _run_position(out, depth), depth
+        out.insert(at, [line, depth, "new"])
+        previous = [at, start, depth]
+    return "\n".join(entry[0] for entry in out if entry[0] is not None)
+
+
+def item_f1(pred: Diff, gold: Diff) -> float:
+    """F1 over items pooled across the three sections, exact string match; 1.0 when both are empty."""
+    return _precision_recall_f1(pred, gold)[2]
+
+
+def web_reward(
+    completions: list[str], tree_before: list[str], tree_after: list[str], reward: list[float], done: list[bool], **_: Any
+) -> list[dict[str, Any]]:
+    """`0.8 * item_f1 + 0.1 * reward_ok + 0.1 * done_ok` per completion (TRL-style; one row per completion)."""
+    if not len(completions) == len(tree_before) == len(tree_after) == len(reward) == len(done):
+        raise ValueError(
+            f"completions, tree_before, tree_after, reward and done must align, got {len(completions)}, "
+            f"{len(tree_before)}, {len(tree_after)}, {len(reward)}, {len(done)}: pass one of each per completion"
+        )
+    rows = []
+    for completion, before, after, gold_reward, gold_done in zip(completions, tree_before, tree_after, reward, done):
+        target, error = parse_target(completion)
+        if error is not None:
+            rows.append({"score": 0.0, "error": error})
+            continue
+        precision, recall, f1 = _precision_recall_f1(target, make_diff(before, after))
+        reward_ok = float(abs(target["reward"] - float(gold_reward)) <= REWARD_TOLERANCE)
+        done_ok = float(target["done"] == bool(gold_done))
+        rows.append({
+            "score": F1_WEIGHT * f1 + REWARD_WEIGHT * reward_ok + DONE_WEIGHT * done_ok,
+            "f1": f1,
+            "precision": precision,
+            "recall": recall,
+            "reward_ok": reward_ok,
+            "done_ok": done_ok,
+        })
+    return rows
+
+
+class _TargetError(Exception):
+    pass
+
+
+def _parse_target(text: Any) -> Target:
+    if not isinstance(text, str):
+        raise _TargetError(f"completion must be a string, got {type(text).__name__}")
+    lines = text.replace("\r\n", "\n").split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    target: dict[str, Any] = {}
+    pos = 0
+    for k, section in enumerate(SECTIONS):
+        if pos >= len(lines) or lines[pos].rstrip() != HEADERS[section]:
+            found = repr(lines[pos][:40]) if pos < len(lines) else "the end"
+            raise _TargetError(f"expected {HEADERS[section]!r} at line {pos + 1}, found {found}")
+        pos += 1
+        end = HEADERS[SECTIONS[k + 1]] if k + 1 < len(SECTIONS) else "Reward:"
+        items = []
+        while pos < len(lines) and not lines[pos].startswith(end):
+            items.append(lines[pos].rstrip())
+            pos += 1
+        target[section] = _section_items(section, items)
+    if pos >= len(lines) or not (m := _REWARD.match(lines[pos].strip())):
+        raise _TargetError(f"expected 'Reward: <number>' at line {pos + 1}")
+    try:
+        value = float(m.group(1))
+    except ValueError:
+        raise _TargetError(f"reward {m.group(1)!r} is not a number") from None
+    if not math.isfinite(value):
+        raise _TargetError(f"reward must be finite, got {m.group(1)!r}")
+    target["reward"] = value
+    pos += 1
+    if pos >= len(lines) or not (m := _DONE.match(lines[pos].strip())):
+        raise _TargetError(f"expected 'Done: yes' or 'Done: no' at line {pos + 1}")
+    target["done"] = m.group(1) == "yes"
+    if pos + 1 < len(lines):
+        raise _TargetError(f"unexpected text after the Done line: {lines[pos + 1][:40]!r}")
+    ids = Counter(_line_id(line) for section in SECTIONS for line in target[section])
+    repeated = [i for i, count in ids.items() if count > 1]
+    if repeated:
+        raise _TargetError(f"item [{repeated[0]}] appears more than once: give each id at most one item")
+    return target  # type: ignore[return-value]
+
+
+def _section_items(section: str, items: list[str]) -> list[str]:
+    header = HEADERS[section]
+    if not items:
+        raise _TargetError(f"{header!r} has no items: write None for an empty section")
+    if items == ["None"]:
+        return []
+    for line in items:
+        if not _ITEM.match(line):
+            raise _TargetError(f"{header!r} item {line[:40]!r} is not a tree line `[id] role 'name' ...` (or None alone)")
+    return items
+
+
+def _precision_recall_f1(pred: Diff, gold: Diff) -> tuple[float, float, float]:
+    pred_items = Counter((s, line) for s in SECTIONS for line in pred[s])
+    gold_items = Counter((s, line) for s in SECTIONS for line in gold[s])
+    n_pred, n_gold = sum(pred_items.values()), sum(gold_items.values())
+    if n_pred == 0 and n_gold == 0:
+        return 1.0, 1.0, 1.0
+    tp = sum((pred_items & gold_items).values())
+    precision = tp / n_pred if n_pred else 0.0
+    recall = tp / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if tp else 0.0
+    return precision, recall, f1
+
+
+def _run_position(out: list[list], depth: int) -> int:
+    for i, (_, d, kind) in enumerate(out):
+        if kind == "slot" and d == depth:
+            out[i][2] = "used-slot"
+            return i
+    if depth == 0:
+        return len(out)
+    parents = [i for i, (_, d, kind) in enumerate(out) if d == depth - 1 and kind not in ("slot", "used-slot")]
+    if not parents:
+        return len(out)
+    opened = [i for i in parents if out[i][2] == "updated"]
+    parent = (opened or parents)[-1]
+    end = parent + 1
+    while end < len(out) and (out[end][1] > out[parent][1] or out[end][2] in ("slot", "used-slot")):
+        end += 1
+    return end
+
+
+def _lines_by_id(tree: str) -> dict[int, str]:
+    lines = {}
+    for line in tree.split("\n"):
+        line_id = _line_id(line)
+        if line_id is not None:
+            lines[line_id] = line
+    return lines
+
+
+def _line_id(line: str) -> int | None:
+    m = _ITEM.match(line)
+    return int(m.group(2)) if m else None
+
+
+def _depth(line: str) -> int:
+    return len(line) - len(line.lstrip("\t"))
+
+
+def _format_reward(reward: float) -> str:
+    return f"{float(reward):g}"

@@ -1,0 +1,179 @@
+"""Text-game world models scored against real transitions: exact-match accuracy overall, on changed and on
+unchanged transitions, parse failures, and the "no change" baseline on the same transitions.
+
+Predictions are greedy (the sampler's batched KV-cache decoding); `--best-of N` instead samples N completions per
+transition and keeps the one with the highest task reward against the gold next state: an oracle, the upper bound
+that reranking N samples could reach (for exact match it is pass@N).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from rlvr_gym.data.bytesized32 import Transition, load_transitions, shared_data_dir
+from rlvr_gym.domains.textgame import accuracy_table, format_prompt, no_change_predictions, task_reward
+from rlvr_gym.models.lm import CheckpointError, load_model, resolve_checkpoint
+from rlvr_gym.models.sampler import SamplingConfig, sample
+
+log = logging.getLogger("rlvr_gym")
+
+
+def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """The tokenizer saved with a checkpoint, checked to be usable by a text world model."""
+    path = resolve_checkpoint(name_or_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as error:  # transformers raises many types for a missing or damaged tokenizer
+        raise CheckpointError(f"tokenizer in {path} could not be loaded ({type(error).__name__}: {error})") from error
+    return checked_tokenizer(tokenizer, path)
+
+
+def checked_tokenizer(tokenizer: PreTrainedTokenizerBase | None, path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    if tokenizer is None:
+        raise CheckpointError(
+            f"checkpoint {path} has no tokenizer: a text world model needs the tokenizer it was trained with beside it"
+        )
+    if tokenizer.eos_token_id is None:
+        raise CheckpointError(f"the tokenizer of {path} has no eos token, so completions could not end")
+    return tokenizer
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, transitions: Sequence[Transition]) -> list[list[int]]:
+    """Token ids of each transition's prompt (current state + action), after the bos token when there is one."""
+    texts = [format_prompt(t.current, t.action) for t in transitions]
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return [bos + ids for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+@torch.no_grad()
+def predict(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    transitions: Sequence[Transition],
+    batch_size: int = 16,
+    max_new_tokens: int = 512,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[list[str]]:
+    """`num_samples` decoded completions per transition (greedy at temperature 0), in the transitions' order."""
+    prompts = encode_prompts(tokenizer, transitions)
+    # Prompts of similar length share a batch: less padding in the prefill.
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    config = SamplingConfig(max_new_tokens, temperature, stop_token_ids=(tokenizer.eos_token_id,))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    out: list[list[str]] = [[] for _ in prompts]
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        rollout = sample(
+            model,
+            [prompts[i] for i in rows],
+            config,
+            num_samples=num_samples,
+            pad_token_id=pad_id,
+            generator=torch.Generator().manual_seed(seed * 1_000_003 + start),
+        )
+        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in rollout.completions()]
+        for j, i in enumerate(rows):
+            out[i] = texts[j * num_samples : (j + 1) * num_samples]
+    return out
+
+
+def best_by_task_reward(samples: Sequence[Sequence[str]], transitions: Sequence[Transition]) -> list[str]:
+    """For each transition, the sample whose task reward against the gold next state is highest (first on ties)."""
+    chosen = []
+    for texts, t in zip(samples, transitions):
+        rewards = task_reward(list(texts), [t.current] * len(texts), [t.next] * len(texts))
+        chosen.append(texts[max(range(len(texts)), key=lambda k: rewards[k]["score"])])
+    return chosen
+
+
+def accuracy(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    transitions: Sequence[Transition],
+    batch_size: int = 16,
+    max_new_tokens: int = 512,
+) -> dict[str, float]:
+    """Greedy `accuracy_table` of a model on transitions (what the trainers log under eval/)."""
+    preds = [p[0] for p in predict(model, tokenizer, transitions, batch_size, max_new_tokens)]
+    return accuracy_table(preds, transitions)
+
+
+def subsample(transitions: Sequence[Transition], limit: int, seed: int) -> list[Transition]:
+    """A seeded random `limit` of the transitions in file order (all when limit is 0): files are sorted by game."""
+    if limit <= 0 or limit >= len(transitions):
+        return list(transitions)
+    keep = sorted(random.Random(seed).sample(range(len(transitions)), limit))
+    return [transitions[i] for i in keep]
+
+
+@dataclass
+class TextGameEvalConfig:
+    data: str = field(default_factory=lambda: str(shared_data_dir() / "valid.jsonl.gz"))
+    """ByteSized32-format JSONL(.gz) of transitions to evaluate on (default: the shared valid split)."""
+    checkpoint: str = "runs/textgame/sft/final"
+    """Model to evaluate: a shipped checkpoint name or a Hugging Face directory with its tokenizer."""
+    limit: int = 0
+    """Evaluate a seeded random sample of this many transitions (0: all)."""
+    best_of: int = 1
+    """Sample this many completions per transition and keep the best by task reward against gold (1: greedy)."""
+    temperature: float = 1.0
+    """Sampling temperature when best_of > 1."""
+    batch_size: int = 16
+    """Prompts decoded together."""
+    max_new_tokens: int = 512
+    """Completion length limit; a longer completion is cut and counts as a parse failure."""
+    seed: int = 0
+    """Seed of the --limit sample and of best-of-N sampling."""
+    threads: int = 1
+    """torch threads."""
+
+
+def run_textgame_eval(config: TextGameEvalConfig) -> dict:
+    """Score a checkpoint on a transition file; returns the metrics and the no-change baseline on the same data.
+
+    The CLI prints the returned dict as one JSON line; NaN (no changed or no unchanged transitions) becomes null.
+    """
+    if config.best_of < 1 or config.batch_size < 1 or config.max_new_tokens < 1:
+        raise ValueError("best_of, batch_size and max_new_tokens must all be at least 1")
+    torch.set_num_threads(config.threads)
+    transitions = subsample(load_transitions(config.data), config.limit, config.seed)
+    if not transitions:
+        raise ValueError(f"{config.data} holds no transitions")
+    model, tokenizer = load_model(config.checkpoint)
+    tokenizer = checked_tokenizer(tokenizer, config.checkpoint)
+    model.eval()
+    started = time.perf_counter()
+    if config.best_of == 1:
+        preds = [p[0] for p in predict(model, tokenizer, transitions, config.batch_size, config.max_new_tokens)]
+    else:
+        samples = predict(
+            model, tokenizer, transitions, config.batch_size, config.max_new_tokens,
+            num_samples=config.best_of, temperature=config.temperature, seed=config.seed,
+        )
+        preds = best_by_task_reward(samples, transitions)
+    seconds = time.perf_counter() - started
+    metrics = accuracy_table(preds, transitions)
+    baseline = accuracy_table(no_change_predictions(transitions), transitions)
+    result = {
+        **metrics,
+        **{f"no_change_{k}": baseline[k] for k in ("accuracy", "accuracy_changed", "accuracy_unchanged")},
+        "best_of": config.best_of,
+        "checkpoint": str(config.checkpoint),
+        "data": str(config.data),
+        "seconds": round(seconds, 1),
+    }
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in result.items()}

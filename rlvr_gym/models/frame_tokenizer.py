@@ -1,0 +1,164 @@
+"""Frame tokenizer: 64x64 RGB frames <-> 8x8 = 64 tokens of an FSQ codebook, conditioned on a context frame.
+
+Why conditioned: with a plain tokenizer the reconstruction ceiling (26.4 dB here, CALIBRATION.md) caps every
+world-model metric below simply copying the last frame (25.6 dB). As in iVideoGPT, the encoder and decoder both
+see a real *context frame* (the episode's first frame) and the decoder adds its output to it, so the static scene is
+reproduced exactly and the 64 tokens only have to describe what moved: the gripper, the objects, the drawer.
+
+FSQ (Mentzer et al., 2023) instead of a VQ codebook: no codebook collapse and no commitment losses; levels
+(8, 5, 5, 5) give 1,000 codes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+
+class FrameTokenizerConfig(PretrainedConfig):
+    model_type = "rlvr_frame_tokenizer"
+
+    def __init__(self, levels=(8, 5, 5, 5), channels=(32, 64, 128), image_size=64, **kwargs):
+        self.levels = list(levels)
+        self.channels = list(channels)
+        self.image_size = image_size
+        super().__init__(**kwargs)
+
+    @property
+    def codebook_size(self) -> int:
+        n = 1
+        for level in self.levels:
+            n *= level
+        return n
+
+    @property
+    def tokens_per_side(self) -> int:
+        return self.image_size // 2 ** len(self.channels)
+
+
+class FSQ(nn.Module):
+    """Finite scalar quantisation: each latent channel is bounded and rounded to one of `levels[i]` values."""
+
+    def __init__(self, levels: list[int]):
+        super().__init__()
+        # Plain lists, not buffers: nothing here is learned, and from_pretrained leaves unsaved buffers uninitialised.
+        self.level_list = list(levels)
+        self.basis_list = [1]
+        for level in levels[:-1]:
+            self.basis_list.append(self.basis_list[-1] * level)
+
+    def constants(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        levels = torch.tensor(self.level_list, dtype=torch.float32, device=like.device)
+        basis = torch.tensor(self.basis_list, dtype=torch.float32, device=like.device)
+        return levels, basis, torch.floor(levels / 2)
+
+    def bound(self, z: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+        levels, _, _ = self.constants(z)
+        half = (levels - 1) * (1 + eps) / 2
+        offset = torch.where(levels % 2 == 0, 0.5, 0.0)
+        shift = torch.atanh(offset / half)
+        return torch.tanh(z + shift) * half - offset
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """(..., C) latents -> quantised codes in [-1, 1], straight-through gradients."""
+        bounded = self.bound(z)
+        rounded = bounded + (torch.round(bounded) - bounded).detach()
+        return rounded / self.constants(z)[2]
+
+    def to_indices(self, codes: torch.Tensor) -> torch.Tensor:
+        _, basis, half_width = self.constants(codes)
+        digits = codes * half_width + half_width
+        return (digits * basis).sum(-1).round().long()
+
+    def from_indices(self, indices: torch.Tensor) -> torch.Tensor:
+        levels, basis, half_width = self.constants(indices)
+        digits = torch.div(indices[..., None].float(), basis, rounding_mode="floor") % levels
+        return (digits - half_width) / half_width
+
+
+class ResBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(F.silu(self.conv1(F.silu(x))))
+
+
+def down(c_in: int, c_out: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 4, stride=2, padding=1), nn.SiLU())
+
+
+class FrameTokenizer(PreTrainedModel):
+    config_class = FrameTokenizerConfig
+    main_input_name = "frames"
+
+    def __init__(self, config: FrameTokenizerConfig):
+        super().__init__(config)
+        chans = config.channels
+        latent = len(config.levels)
+        # Encoder of the target frame stacked with its context frame.
+        self.encoder = nn.Sequential(
+            *[down(c_in, c_out) for c_in, c_out in zip([6] + chans[:-1], chans)], ResBlock(chans[-1]), nn.Conv2d(chans[-1], latent, 1)
+        )
+        # Context features at every decoder scale (U-Net skips from the context frame).
+        self.context_stages = nn.ModuleList(down(c_in, c_out) for c_in, c_out in zip([3] + chans[:-1], chans))
+        self.decoder_in = nn.Sequential(nn.Conv2d(latent, chans[-1], 1), ResBlock(chans[-1]))
+        ups = []
+        for i in range(len(chans) - 1, -1, -1):
+            c_out = chans[i - 1] if i > 0 else chans[0]
+            ups.append(nn.Sequential(nn.Conv2d(2 * chans[i], 4 * c_out, 3, padding=1), nn.PixelShuffle(2), nn.SiLU()))
+        self.up_stages = nn.ModuleList(ups)
+        self.decoder_out = nn.Conv2d(chans[0] + 3, 3, 3, padding=1)
+        self.fsq = FSQ(config.levels)
+        self.post_init()
+
+    @staticmethod
+    def to_float(frames: torch.Tensor) -> torch.Tensor:
+        """(N, H, W, 3) uint8 -> (N, 3, H, W) float in [0, 1]."""
+        if frames.dtype != torch.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
+            raise ValueError(f"expected (N, H, W, 3) uint8 frames, got {tuple(frames.shape)} {frames.dtype}")
+        return frames.permute(0, 3, 1, 2).float() / 255.0
+
+    @staticmethod
+    def to_uint8(images: torch.Tensor) -> torch.Tensor:
+        return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+    def encode_latents(self, target: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        z = self.encoder(torch.cat([target, context], 1))  # (N, C, h, w)
+        return self.fsq(z.permute(0, 2, 3, 1))  # (N, h, w, C) codes
+
+    def decode_codes(self, codes: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        skips, h = [], context
+        for stage in self.context_stages:
+            h = stage(h)
+            skips.append(h)
+        x = self.decoder_in(codes.permute(0, 3, 1, 2))
+        for stage, skip in zip(self.up_stages, reversed(skips)):
+            x = stage(torch.cat([x, skip], 1))
+        return context + self.decoder_out(torch.cat([x, context], 1))
+
+    def forward(self, frames: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float frames and context (N, 3, H, W) in [0, 1] -> (reconstruction, token indices (N, h*w))."""
+        codes = self.encode_latents(frames, context)
+        return self.decode_codes(codes, context), self.fsq.to_indices(codes).flatten(1)
+
+    @torch.no_grad()
+    def encode(self, frames: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """uint8 frames (N, H, W, 3) and their context frames -> token ids (N, tokens_per_frame)."""
+        codes = self.encode_latents(self.to_float(frames), self.to_float(context))
+        return self.fsq.to_indices(codes).flatten(1)
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """Token ids (N, tokens_per_frame) and uint8 context frames -> uint8 frames (N, H, W, 3)."""
+        side = self.config.tokens_per_side
+        if tokens.ndim != 2 or tokens.shape[1] != side * side:
+            raise ValueError(f"expected token ids of shape (N, {side * side}), got {tuple(tokens.shape)}")
+        if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.codebook_size:
+            raise ValueError(f"token ids must lie in [0, {self.config.codebook_size}), got {int(tokens.min())}..{int(tokens.max())}")
+        codes = self.fsq.from_indices(tokens.view(-1, side, side))
+        return self.to_uint8(self.decode_codes(codes, self.to_float(context)))

@@ -1,0 +1,147 @@
+"""The robot video world model: a frame tokenizer plus an action-conditioned causal LM over its tokens.
+
+A checkpoint directory holds
+    lm/               Hugging Face causal LM over rlvr_gym.domains.robot's token layout
+    frame_tokenizer/  FrameTokenizer (safetensors)
+    world_model.json  context_steps and the layout constants the LM was trained with
+Rollouts keep at most `context_steps` past steps in the prompt (the window slides, as in RLVR-World).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlvr_gym.domains import robot as R
+from rlvr_gym.models.frame_tokenizer import FrameTokenizer
+from rlvr_gym.models.lm import SHIPPED_DIR, CheckpointError, load_model, resolve_checkpoint
+from rlvr_gym.models.sampler import SamplingConfig, sample
+
+LAYOUT = {"codebook_size": R.CODEBOOK_SIZE, "frame_tokens": R.FRAME_TOKENS, "vocab_size": R.VOCAB_SIZE}
+
+
+@dataclass
+class WorldModelSettings:
+    context_steps: int = 2
+    """Past steps (frame, flag, action) kept in the prompt when predicting the next frame."""
+
+
+def load_frame_tokenizer(path: str | os.PathLike) -> FrameTokenizer:
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path} holds no frame tokenizer (config.json missing)")
+    try:
+        return FrameTokenizer.from_pretrained(path).eval()
+    except Exception as error:
+        raise CheckpointError(f"frame tokenizer in {path} could not be loaded ({type(error).__name__}: {error})") from error
+
+
+class RobotWorldModel:
+    def __init__(self, lm: torch.nn.Module, frame_tokenizer: FrameTokenizer, settings: WorldModelSettings):
+        if lm.config.vocab_size != R.VOCAB_SIZE:
+            raise CheckpointError(f"the transformer's vocabulary ({lm.config.vocab_size}) is not the robot layout's ({R.VOCAB_SIZE})")
+        tok_config = frame_tokenizer.config
+        if tok_config.codebook_size != R.CODEBOOK_SIZE or tok_config.tokens_per_side**2 != R.FRAME_TOKENS:
+            raise CheckpointError(
+                f"tokenizer/transformer mismatch: the frame tokenizer has {tok_config.codebook_size} codes and "
+                f"{tok_config.tokens_per_side**2} tokens per frame, the transformer expects {R.CODEBOOK_SIZE} and {R.FRAME_TOKENS}"
+            )
+        self.lm = lm.eval()
+        self.frame_tokenizer = frame_tokenizer.eval()
+        self.settings = settings
+
+    @staticmethod
+    def resolve(name_or_dir: str | os.PathLike) -> Path:
+        path = Path(name_or_dir)
+        if path.is_dir():
+            return path
+        if (SHIPPED_DIR / str(name_or_dir)).is_dir():
+            return SHIPPED_DIR / str(name_or_dir)
+        raise CheckpointError(f"world model {str(name_or_dir)!r} is neither a directory nor a shipped checkpoint name")
+
+    @classmethod
+    def load(cls, name_or_dir: str | os.PathLike) -> RobotWorldModel:
+        path = cls.resolve(name_or_dir)
+        meta_file = path / "world_model.json"
+        if not meta_file.is_file():
+            raise CheckpointError(f"{path} is not a robot world model: world_model.json is missing")
+        try:
+            meta = json.loads(meta_file.read_text())
+        except json.JSONDecodeError as error:
+            raise CheckpointError(f"{meta_file} is corrupt: {error}") from error
+        if meta.get("layout") != LAYOUT:
+            raise CheckpointError(f"{path} was trained with token layout {meta.get('layout')}, this code uses {LAYOUT}")
+        lm, _ = load_model(resolve_checkpoint(path / "lm"))
+        return cls(lm, load_frame_tokenizer(path / "frame_tokenizer"), WorldModelSettings(**meta["settings"]))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.lm.save_pretrained(path / "lm", safe_serialization=True)
+        self.frame_tokenizer.save_pretrained(path / "frame_tokenizer", safe_serialization=True)
+        (path / "world_model.json").write_text(json.dumps({"layout": LAYOUT, "settings": asdict(self.settings)}, indent=2))
+        return path
+
+    # ------------------------------------------------------------------------------------------ frames
+
+    def encode(self, frames: np.ndarray, context: np.ndarray) -> np.ndarray:
+        """uint8 frames (N, 64, 64, 3) with context frames (N or 1, ...) -> codes (N, 64)."""
+        frames_t = torch.as_tensor(np.ascontiguousarray(frames))
+        context_t = torch.as_tensor(np.ascontiguousarray(context)).expand(len(frames_t), -1, -1, -1)
+        return self.frame_tokenizer.encode(frames_t, context_t).numpy()
+
+    def decode(self, codes: np.ndarray, context: np.ndarray) -> np.ndarray:
+        codes_t = torch.as_tensor(np.asarray(codes, dtype=np.int64))
+        context_t = torch.as_tensor(np.ascontiguousarray(context)).expand(len(codes_t), -1, -1, -1)
+        return self.frame_tokenizer.decode(codes_t, context_t).numpy()
+
+    # ------------------------------------------------------------------------------------------ prompts
+
+    def prompt(self, past_codes, past_flags, past_actions) -> list[int]:
+        """BOS + the last `context_steps` steps; the last action is the one whose outcome is predicted."""
+        n = self.settings.context_steps
+        return R.window_tokens(past_codes[-n:], past_flags[-n:], past_actions[-n:])
+
+    @torch.no_grad()
+    def predict(
+        self,
+        prompts: list[list[int]],
+        k: int = 1,
+        future_actions: list | None = None,
+        sampling: SamplingConfig | None = None,
+        num_samples: int = 1,
+        generator: torch.Generator | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+        """Roll k frames forward from each prompt under the given actions (k-1 per prompt after the prompt's own).
+
+        Returns codes (rows, k, 64) (-1 where unparsable), success probabilities (rows, k) and per-row errors.
+        """
+        sampling = sampling or SamplingConfig(temperature=0.0)
+        sampling = SamplingConfig(R.rollout_length(k), sampling.temperature, sampling.top_k, sampling.top_p, ())
+        forced = None
+        if k > 1:
+            if future_actions is None or len(future_actions) != len(prompts):
+                raise ValueError(f"a {k}-step rollout needs {k - 1} future actions for each of the {len(prompts)} prompts")
+            forced = [R.rollout_forced_tokens(actions) for actions in future_actions]
+        rollout = sample(
+            self.lm, prompts, sampling, num_samples=num_samples, forced=forced, pad_token_id=R.PAD, generator=generator,
+            track_token_ids=(R.FLAG_RUNNING, R.FLAG_SUCCESS), allowed_tokens=R.rollout_allowed_tokens(k),
+        )
+        rows = len(prompts) * num_samples
+        codes = np.full((rows, k, R.FRAME_TOKENS), -1, dtype=np.int64)
+        success = np.zeros((rows, k), dtype=np.float32)
+        errors: list[str | None] = []
+        flag_positions = [step * R.STEP_TOKENS + R.FRAME_TOKENS for step in range(k)]
+        tracked = rollout.tracked_probs[:, flag_positions]  # (rows, k, 2)
+        success[:] = (tracked[..., 1] / tracked.sum(-1).clamp(min=1e-9)).numpy()
+        for i, completion in enumerate(rollout.completions()):
+            frames, _, error = R.parse_rollout(completion, k)
+            errors.append(error)
+            if frames is not None:
+                codes[i] = frames
+        return codes, success, errors

@@ -1,0 +1,283 @@
+"""Training the robot video world model: frame tokenizer, MLE transformer, RLVR post-training.
+
+    rlvr-gym train tokenizer --data runs/rt1/train --heldout runs/rt1/heldout --run-dir runs/rt1/tokenizer
+    rlvr-gym train rt1-mle   --data runs/rt1/train --tokenizer runs/rt1/tokenizer/final --run-dir runs/rt1/mle
+    rlvr-gym train rt1-rlvr  --data runs/rt1/train --model runs/rt1/mle/world_model --run-dir runs/rt1/rlvr
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from rlvr_gym.data.episodes import Episode, load_episodes
+from rlvr_gym.domains import robot as R
+from rlvr_gym.models.frame_tokenizer import FrameTokenizer, FrameTokenizerConfig
+from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
+from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings, load_frame_tokenizer
+from rlvr_gym.train import run as RUN
+from rlvr_gym.train.grpo import GRPOConfig, train_grpo
+from rlvr_gym.train.sft import SFTConfig, train_sft
+
+log = logging.getLogger("rlvr_gym")
+
+
+# ---------------------------------------------------------------------------------------------------- tokenizer
+
+
+@dataclass
+class TokenizerConfig(RUN.RunConfig):
+    run_dir: str = "runs/rt1/tokenizer"
+    """Directory for checkpoints, logs and the final tokenizer."""
+    data: str = "runs/rt1/train"
+    """Training episodes (a directory written by `rlvr-gym collect rt1`)."""
+    heldout: str = ""
+    """Held-out episodes for eval/psnr (optional)."""
+    steps: int = 3000
+    """Optimizer steps."""
+    lr: float = 1e-3
+    """Peak learning rate (AdamW)."""
+    warmup_steps: int = 100
+    """Linear warm-up steps."""
+    batch_size: int = 32
+    """Frames per step on each process."""
+    channels: tuple[int, ...] = (32, 64, 128)
+    """Conv widths of the three stride-2 stages (64x64 -> 8x8 tokens)."""
+    eval_frames: int = 512
+    """Held-out frames scored at each evaluation."""
+
+
+def frame_pairs(episodes: list[Episode]) -> tuple[np.ndarray, np.ndarray]:
+    """All frames and, for each, the index of its context frame (its episode's first frame)."""
+    frames = np.concatenate([e.frames for e in episodes])
+    starts = np.cumsum([0] + [len(e.frames) for e in episodes[:-1]])
+    context = np.concatenate([np.full(len(e.frames), s) for e, s in zip(episodes, starts)])
+    return frames, context
+
+
+def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, context_idx: np.ndarray, n: int) -> dict[str, float]:
+    """Held-out reconstruction PSNR, and PSNR of simply showing the context frame, on n evenly spaced frames."""
+    idx = np.linspace(0, len(frames) - 1, min(n, len(frames))).astype(int)
+    target = torch.as_tensor(frames[idx])
+    context = torch.as_tensor(frames[context_idx[idx]])
+    recon = torch.cat([model.decode(model.encode(t, c), c) for t, c in zip(target.split(128), context.split(128))])
+    return {"psnr": float(R.psnr(recon, target).clamp(max=60).mean()), "psnr_context_copy": float(R.psnr(context, target).clamp(max=60).mean())}
+
+
+def train_frame_tokenizer(config: TokenizerConfig) -> Path:
+    d = RUN.setup_processes(config.threads)
+    run_dir = RUN.prepare_run_dir(config, d)
+    frames, context_idx = frame_pairs(load_episodes(config.data))
+    held = frame_pairs(load_episodes(config.heldout)) if config.heldout else None
+    latest = RUN.latest_checkpoint(run_dir) if config.resume else None
+    if latest is not None:
+        model = load_frame_tokenizer(latest)
+    else:
+        torch.manual_seed(config.seed)
+        model = FrameTokenizer(FrameTokenizerConfig(channels=config.channels))
+    model.to(d.device).train()
+    optimizer, scheduler = RUN.make_optimizer(model, config)
+    step = RUN.load_checkpoint(latest, optimizer, scheduler)[0] if latest is not None else 0
+    ddp_model = RUN.wrap_ddp(model, d)
+    logger = RUN.MetricsLogger(run_dir, d.is_main, resumed_step=step)
+    bar = tqdm(total=config.steps, initial=step, desc="tokenizer", disable=not d.is_main, dynamic_ncols=True)
+    while step < config.steps:
+        started = time.perf_counter()
+        idx = RUN.batch_indices(len(frames), config.batch_size, step, config.seed, d.rank, d.world_size)
+        target = FrameTokenizer.to_float(torch.as_tensor(frames[idx])).to(d.device)
+        context = FrameTokenizer.to_float(torch.as_tensor(frames[context_idx[idx]])).to(d.device)
+        recon, _ = ddp_model(target, context)
+        loss = (recon - target).abs().mean() + ((recon - target) ** 2).mean()
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf")))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        metrics = RUN.mean_across_ranks(d, {"train/loss": loss.item(), "train/grad_norm": grad_norm,
+                                              "time/frames_per_s": len(idx) / (time.perf_counter() - started)})
+        if step % config.log_every == 0 or step == config.steps:
+            logger.log(step, metrics)
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
+        if step % config.save_every == 0 or step == config.steps:
+            if d.is_main:
+                RUN.save_checkpoint(run_dir, step, model, None, optimizer, scheduler, config.keep_checkpoints)
+            RUN.barrier(d)
+        if held is not None and d.is_main and ((config.eval_every and step % config.eval_every == 0) or step == config.steps):
+            model.eval()
+            logger.log(step, {f"eval/{k}": v for k, v in tokenizer_metrics(model, *held, config.eval_frames).items()})
+            model.train()
+    bar.close()
+    final = run_dir / "final"
+    if d.is_main:
+        final = RUN.save_final(run_dir, model, None)
+    RUN.barrier(d)
+    logger.close()
+    return final
+
+
+# ---------------------------------------------------------------------------------------------------- sequences
+
+
+def episode_codes(frame_tokenizer: FrameTokenizer, episode: Episode) -> np.ndarray:
+    """Frame codes (T+1, 64) of an episode, each frame tokenized against the episode's first frame."""
+    frames = torch.as_tensor(episode.frames)
+    return torch.cat([frame_tokenizer.encode(f, frames[:1].expand(len(f), -1, -1, -1)) for f in frames.split(256)]).numpy()
+
+
+def frame_flags(episode: Episode) -> np.ndarray:
+    """Success flag of every frame: the first frame is before any step, frame t+1 follows action t."""
+    return np.concatenate([[False], episode.success.astype(bool)])
+
+
+def mle_examples(codes: np.ndarray, episode: Episode, window: int) -> list[dict]:
+    """Windows of `window` frames: the first step is the prompt, the rest the target (actions masked out)."""
+    flags = frame_flags(episode)
+    # The last frame has no action; any action token there is masked from the loss, so pad with zeros.
+    actions = np.concatenate([episode.actions, np.zeros((1, R.ACTION_DIM), np.float32)])
+    out = []
+    for start in range(0, len(codes) - 1):
+        end = min(start + window, len(codes))
+        tokens = R.window_tokens(codes[start:end], flags[start:end], actions[start:end])
+        prompt_len = 1 + R.STEP_TOKENS
+        target = tokens[prompt_len:-R.ACTION_DIM]  # ends with the last frame's flag
+        mask = [(i % R.STEP_TOKENS) < R.FRAME_TOKENS + 1 for i in range(len(target))]
+        out.append({"prompt_ids": tokens[:prompt_len], "target_ids": target, "target_mask": mask})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- MLE
+
+
+@dataclass
+class RT1MLEConfig:
+    data: str = "runs/rt1/train"
+    """Training episodes (`rlvr-gym collect rt1`)."""
+    heldout: str = ""
+    """Held-out episodes for eval/loss (optional)."""
+    tokenizer: str = "runs/rt1/tokenizer/final"
+    """Trained frame tokenizer directory."""
+    out: str = "runs/rt1/mle"
+    """Run directory; the world model is written to OUT/world_model."""
+    window: int = 4
+    """Frames per training sequence (1 prompt frame + window-1 predicted)."""
+    context_steps: int = 2
+    """Past steps the world model sees when it predicts (rollouts slide this window)."""
+    size: LlamaSize = field(default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=4, intermediate_size=688, max_positions=1024))
+    """Transformer shape (trained from scratch)."""
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=3000, lr=1e-3, batch_size=16, micro_batch=16, save_every=200, warmup_steps=100))
+    """Trainer settings (run_dir and model are set from `out`)."""
+
+
+def run_rt1_mle(config: RT1MLEConfig) -> Path:
+    d = RUN.setup_processes(config.sft.threads)
+    out = Path(config.out)
+    frame_tokenizer = load_frame_tokenizer(config.tokenizer)
+    init = out / "init"
+    if d.is_main and not (init / "config.json").is_file():
+        torch.manual_seed(config.sft.seed)
+        build_llama(R.VOCAB_SIZE, config.size).save_pretrained(init)
+    RUN.barrier(d)
+    examples, held = [], []
+    for source, dest in ((config.data, examples), (config.heldout, held)):
+        if source:
+            for episode in load_episodes(source):
+                dest += mle_examples(episode_codes(frame_tokenizer, episode), episode, config.window)
+    sft = SFTConfig(**{**vars(config.sft), "run_dir": str(out), "model": str(init)})
+    lm_dir = train_sft(sft, examples, eval_examples=held)
+    if d.is_main:
+        RobotWorldModel(load_model(lm_dir)[0], frame_tokenizer, WorldModelSettings(config.context_steps)).save(out / "world_model")
+    RUN.barrier(d)
+    return out / "world_model"
+
+
+# ---------------------------------------------------------------------------------------------------- RLVR
+
+
+@dataclass
+class RT1RLVRConfig:
+    data: str = "runs/rt1/train"
+    """Episodes whose real next frames score the rollouts."""
+    model: str = "runs/rt1/mle/world_model"
+    """The MLE world model (a directory or shipped name)."""
+    out: str = "runs/rt1/rlvr"
+    """Run directory; the world model is written to OUT/world_model."""
+    horizon: int = 1
+    """Frames predicted per rollout (1: single-step; >1: real actions spliced between generated frames)."""
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=2e-5, prompts_per_step=4, group_size=8, beta=0.0,
+                                                                 temperature=1.0, save_every=25))
+    """Trainer settings (run_dir, model and max_new_tokens are set by this command)."""
+
+
+def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int) -> list[dict]:
+    """One prompt per (episode, t): the last context steps up to frame t and action t, the next `horizon` real frames."""
+    n = world.settings.context_steps
+    out = []
+    for index, episode in enumerate(episodes):
+        codes = episode_codes(world.frame_tokenizer, episode)
+        flags = frame_flags(episode)
+        for t in range(len(episode.actions) - horizon + 1):
+            lo = max(0, t - n + 1)
+            prompt = R.window_tokens(codes[lo : t + 1], flags[lo : t + 1], episode.actions[lo : t + 1])
+            future = episode.actions[t + 1 : t + horizon]
+            out.append({
+                "prompt_ids": prompt,
+                "forced": R.rollout_forced_tokens(future, flags[t + 1 : t + 1 + horizon]),
+                "episode": index,
+                "t": t,
+            })
+    return out
+
+
+def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: int):
+    """Reward -(L1 + LPIPS) of the decoded predicted frames against the real next frames, mean over the horizon."""
+
+    def reward(completion_ids, episode, t, **_) -> list[dict]:
+        results: list[dict | None] = [None] * len(completion_ids)
+        codes, targets, contexts, rows = [], [], [], []
+        for i, (ids, e, step) in enumerate(zip(completion_ids, episode, t)):
+            frames, _, error = R.parse_rollout(ids, horizon)
+            if error:
+                results[i] = {"score": 0.0, "error": error}
+                continue
+            codes.append(frames)
+            targets.append(episodes[e].frames[step + 1 : step + 1 + horizon])
+            contexts.append(np.repeat(episodes[e].frames[:1], horizon, 0))
+            rows.append(i)
+        if rows:
+            pred = world.decode(np.concatenate(codes), np.concatenate(contexts))
+            target = np.concatenate(targets)
+            l1 = np.abs(pred.astype(np.float32) - target.astype(np.float32)).mean(axis=(1, 2, 3)) / 255.0
+            lpips = R.lpips_distance(pred, target).numpy()
+            per_frame = -(l1 + lpips)
+            for j, i in enumerate(rows):
+                part = slice(j * horizon, (j + 1) * horizon)
+                results[i] = {"score": float(per_frame[part].mean()), "l1": float(l1[part].mean()), "lpips": float(lpips[part].mean())}
+        return results
+
+    return reward
+
+
+def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
+    d = RUN.setup_processes(config.grpo.threads)
+    out = Path(config.out)
+    world = RobotWorldModel.load(config.model)
+    lm_dir = RobotWorldModel.resolve(config.model) / "lm"
+    episodes = load_episodes(config.data)
+    examples = rlvr_examples(world, episodes, config.horizon)
+    grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(out), "model": str(lm_dir),
+                         "max_new_tokens": R.rollout_length(config.horizon)})
+    reward = frame_reward_fn(world, episodes, config.horizon)
+    final = train_grpo(grpo, reward, examples, decode=None, allowed_tokens=R.rollout_allowed_tokens(config.horizon))
+    if d.is_main:
+        world.lm = load_model(final)[0]
+        world.save(out / "world_model")
+    RUN.barrier(d)
+    return out / "world_model"
