@@ -202,7 +202,7 @@ def _make_renderer(model: mujoco.MjModel) -> mujoco.Renderer:
         return mujoco.Renderer(model, IMAGE_SIZE, IMAGE_SIZE)
     except Exception as error:
         if "MUJOCO_GL" not in os.environ:
-            cause = "mujoco was imported before envs.robot with MUJOCO_GL unset, so it chose GLFW, which needs a display"
+            cause = "mujoco was imported before envs.robot with MUJOCO_GL unset, so it chose GLFW (needs a display)"
         else:
             cause = f"MUJOCO_GL={os.environ['MUJOCO_GL']} failed: {error}"
         raise RuntimeError(f"MuJoCo cannot render offscreen: {cause}. {GL_HELP}") from error

@@ -25,7 +25,8 @@ def egl_device_available() -> bool:
     address = egl.eglGetProcAddress(b"eglQueryDevicesEXT")
     if not address:
         return False
-    query_devices = ctypes.CFUNCTYPE(ctypes.c_uint, ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))(address)
+    signature = ctypes.CFUNCTYPE(ctypes.c_uint, ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+    query_devices = signature(address)
     count = ctypes.c_int(0)
     return bool(query_devices(0, None, ctypes.byref(count))) and count.value > 0
 

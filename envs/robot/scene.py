@@ -24,6 +24,8 @@ HANDLE_OFFSET = 0.125
 TARGET_RADIUS = 0.035
 TARGET_HALF_HEIGHT = 0.0005
 
+_CUBE = f"{OBJECT_HALF_SIZE} {OBJECT_HALF_SIZE} {OBJECT_HALF_SIZE}"
+_FINGER = f"{FINGER_HALF_THICKNESS} {FINGER_PAD_HALF_WIDTH} 0.04"
 _CABINET = "0.35 0.37 0.42 1"
 _WOOD = "0.82 0.55 0.28 1"
 _HANDLE = "0.1 0.1 0.1 1"
@@ -47,7 +49,7 @@ SCENE_XML = f"""
   </default>
   <worldbody>
     <light pos="0.2 -0.4 1.5" dir="-0.1 0.3 -1" diffuse="0.45 0.45 0.45" specular="0 0 0" castshadow="false"/>
-    <camera name="front" pos="0.03 -0.46 0.78" xyaxes="1 0 0 0 0.843 0.538" fovy="45"/>
+    <camera name="front" pos="-0.03 -0.46 0.78" xyaxes="1 0 0 0 0.843 0.538" fovy="45"/>
     <geom name="floor" type="plane" size="2 2 0.1" pos="0 0 -0.75" rgba="0.22 0.22 0.25 1"/>
     <geom name="table" type="box" size="0.42 0.32 0.02" pos="0 0 -0.02" rgba="0.8 0.78 0.74 1"/>
     <geom name="target" type="cylinder" size="{TARGET_RADIUS} {TARGET_HALF_HEIGHT}" pos="0 0 {TARGET_HALF_HEIGHT}"
@@ -75,11 +77,11 @@ SCENE_XML = f"""
 
     <body name="red" pos="-0.1 0 {OBJECT_HALF_SIZE}" childclass="moving">
       <freejoint name="red"/>
-      <geom type="box" size="{OBJECT_HALF_SIZE} {OBJECT_HALF_SIZE} {OBJECT_HALF_SIZE}" rgba="0.92 0.1 0.1 1" mass="0.1"/>
+      <geom type="box" size="{_CUBE}" rgba="0.92 0.1 0.1 1" mass="0.1"/>
     </body>
     <body name="green" pos="-0.2 0 {OBJECT_HALF_SIZE}" childclass="moving">
       <freejoint name="green"/>
-      <geom type="box" size="{OBJECT_HALF_SIZE} {OBJECT_HALF_SIZE} {OBJECT_HALF_SIZE}" rgba="0.1 0.75 0.15 1" mass="0.1"/>
+      <geom type="box" size="{_CUBE}" rgba="0.1 0.75 0.15 1" mass="0.1"/>
     </body>
     <body name="blue" pos="0 0 {OBJECT_HALF_SIZE}" childclass="moving">
       <freejoint name="blue"/>
@@ -90,18 +92,19 @@ SCENE_XML = f"""
       <joint name="gripper_x" type="slide" axis="1 0 0" damping="60" range="{GRIPPER_LOW[0]} {GRIPPER_HIGH[0]}"/>
       <joint name="gripper_y" type="slide" axis="0 1 0" damping="60" range="{GRIPPER_LOW[1]} {GRIPPER_HIGH[1]}"/>
       <joint name="gripper_z" type="slide" axis="0 0 1" damping="60" range="{GRIPPER_LOW[2]} {GRIPPER_HIGH[2]}"/>
-      <joint name="gripper_yaw" type="hinge" axis="0 0 1" damping="1.5" range="-{GRIPPER_YAW_LIMIT} {GRIPPER_YAW_LIMIT}"/>
+      <joint name="gripper_yaw" type="hinge" axis="0 0 1" damping="1.5"
+             range="-{GRIPPER_YAW_LIMIT} {GRIPPER_YAW_LIMIT}"/>
       <geom name="palm" type="box" size="0.04 {FINGER_PAD_HALF_WIDTH} 0.012" rgba="0.12 0.12 0.14 1" mass="0.5"/>
       <geom name="wrist" type="cylinder" size="0.012 0.2" pos="0 0 0.212" rgba="0.55 0.55 0.6 1" mass="0.01"
             contype="0" conaffinity="0"/>
       <!-- Low-friction pads (priority picks their friction) slide along a pushed object instead of dragging it. -->
       <body name="finger_left" pos="-0.031 0 -0.05" gravcomp="1">
         <joint name="finger_left" type="slide" axis="1 0 0" damping="5" range="0 {FINGER_TRAVEL}"/>
-        <geom type="box" size="{FINGER_HALF_THICKNESS} {FINGER_PAD_HALF_WIDTH} 0.04" rgba="0.92 0.92 0.95 1" mass="0.08" friction="0.1 0.01 0.001" priority="1"/>
+        <geom type="box" size="{_FINGER}" rgba="0.92 0.92 0.95 1" mass="0.08" friction="0.1 0.01 0.001" priority="1"/>
       </body>
       <body name="finger_right" pos="0.031 0 -0.05" gravcomp="1">
         <joint name="finger_right" type="slide" axis="-1 0 0" damping="5" range="0 {FINGER_TRAVEL}"/>
-        <geom type="box" size="{FINGER_HALF_THICKNESS} {FINGER_PAD_HALF_WIDTH} 0.04" rgba="0.92 0.92 0.95 1" mass="0.08" friction="0.1 0.01 0.001" priority="1"/>
+        <geom type="box" size="{_FINGER}" rgba="0.92 0.92 0.95 1" mass="0.08" friction="0.1 0.01 0.001" priority="1"/>
       </body>
     </body>
   </worldbody>

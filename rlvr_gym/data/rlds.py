@@ -319,7 +319,7 @@ def read_rlds_episodes(
     for index, record in enumerate(read_tfrecords(path)):
         try:
             features = parse_example(record)
-            if len(features.get(IMAGE_KEY, ())) < 2:
+            if IMAGE_KEY in features and len(features[IMAGE_KEY]) < 2:
                 log.warning("%s: record %d skipped: fewer than 2 steps, so no transition", path, index)
                 continue
             episode = episode_from_example(features, world_vector_scale, rotation_scale, gripper)

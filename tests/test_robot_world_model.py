@@ -1,0 +1,145 @@
+"""Frame tokenizer, token layout and the MLE -> RLVR pipeline of the video world model, on small real data."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
+from rlvr_gym.domains import robot as R
+from rlvr_gym.models.frame_tokenizer import FSQ, FrameTokenizer, FrameTokenizerConfig
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
+from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings
+from rlvr_gym.train.grpo import GRPOConfig
+from rlvr_gym.train.robot import (
+    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, mle_examples, episode_codes, run_rt1_mle, run_rt1_rlvr,
+    train_frame_tokenizer,
+)
+from rlvr_gym.train.run import read_log
+from rlvr_gym.train.sft import SFTConfig
+
+
+def test_fsq_indices_round_trip_over_the_whole_codebook():
+    fsq = FSQ([8, 5, 5, 5])
+    indices = torch.arange(1000)
+    codes = fsq.from_indices(indices)
+    assert codes.abs().max() <= 1
+    assert torch.equal(fsq.to_indices(codes), indices)
+    used = fsq.to_indices(fsq(torch.randn(100_000, 4) * 2)).unique()
+    assert used.min() >= 0 and used.max() < 1000 and len(used) > 900
+
+
+def test_tokenizer_saves_and_loads_with_identical_tokens(tmp_path):
+    torch.manual_seed(0)
+    tokenizer = FrameTokenizer(FrameTokenizerConfig())
+    frames = (torch.rand(3, 64, 64, 3) * 255).to(torch.uint8)
+    tokens = tokenizer.encode(frames, frames[:1].expand(3, -1, -1, -1))
+    assert tokens.shape == (3, 64) and tokens.min() >= 0 and tokens.max() < 1000
+    tokenizer.save_pretrained(tmp_path)
+    loaded = FrameTokenizer.from_pretrained(tmp_path)
+    assert torch.equal(loaded.encode(frames, frames[:1].expand(3, -1, -1, -1)), tokens)
+    decoded = loaded.decode(tokens, frames[:1].expand(3, -1, -1, -1))
+    assert decoded.shape == (3, 64, 64, 3) and decoded.dtype == torch.uint8
+    with pytest.raises(ValueError, match=r"\(N, 64\)"):
+        loaded.decode(tokens[:, :10], frames[:3])
+    with pytest.raises(ValueError, match=r"\[0, 1000\)"):
+        loaded.decode(tokens + 1000, frames[:3])
+    with pytest.raises(ValueError, match="uint8"):
+        loaded.encode(frames.float(), frames)
+
+
+def test_token_layout_places_frames_flags_and_actions():
+    codes = np.arange(3 * 64).reshape(3, 64) % 1000
+    actions = np.stack([np.full(7, -1.0), np.zeros(7), np.full(7, 1.0)]).astype(np.float32)
+    tokens = R.window_tokens(codes, [False, False, True], actions)
+    assert len(tokens) == 1 + 3 * R.STEP_TOKENS and tokens[0] == R.BOS
+    assert tokens[1 + 64] == R.FLAG_RUNNING and tokens[1 + 2 * R.STEP_TOKENS + 64] == R.FLAG_SUCCESS
+    assert tokens[1 + 65 : 1 + 72] == [R.ACTION_OFFSET] * 7
+    assert tokens[-7:] == [R.ACTION_OFFSET + 255] * 7
+    forced = R.rollout_forced_tokens(actions[:2], success=[False, False, True])
+    assert sorted(forced) == [64, *range(65, 72), 136, *range(137, 144), 208]
+    assert forced[208] == R.FLAG_SUCCESS and forced[65] == R.ACTION_OFFSET
+    allowed = R.rollout_allowed_tokens(3)
+    assert allowed.shape == (R.rollout_length(3), R.VOCAB_SIZE)
+    assert allowed[0, :1000].all() and not allowed[0, 1000:].any()
+    assert allowed[64].nonzero().flatten().tolist() == [R.FLAG_RUNNING, R.FLAG_SUCCESS]
+
+
+def test_rollouts_parse_or_explain_why_not():
+    good = list(range(64)) + [R.FLAG_SUCCESS] + [R.ACTION_OFFSET] * 7 + list(range(64)) + [R.FLAG_RUNNING]
+    frames, flags, error = R.parse_rollout(good, 2)
+    assert error is None and frames.shape == (2, 64) and flags.tolist() == [True, False]
+    assert "tokens" in R.parse_rollout(good[:-1], 2)[2]
+    assert "not a frame code" in R.parse_rollout([R.BOS] + good[1:], 2)[2]
+    assert "success flag" in R.parse_rollout(good[:64] + [5] + good[65:], 2)[2]
+
+
+def test_mle_examples_mask_actions_out_of_the_loss():
+    episode = type("E", (), {})()
+    episode.success = np.array([False, False, True])
+    episode.actions = np.zeros((3, 7), np.float32)
+    codes = np.zeros((4, 64), np.int64)
+    examples = mle_examples(codes, episode, window=3)
+    assert len(examples) == 3
+    first = examples[0]
+    assert len(first["prompt_ids"]) == 1 + R.STEP_TOKENS
+    assert len(first["target_ids"]) == 2 * R.STEP_TOKENS - 7
+    assert sum(first["target_mask"]) == 2 * (R.FRAME_TOKENS + 1)
+    assert first["target_ids"][-1] == R.FLAG_RUNNING and examples[2]["target_ids"][-1] == R.FLAG_SUCCESS
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rt1")
+    collect(CollectConfig(out=str(root / "train"), episodes=4, seed=11, horizon=8))
+    collect(CollectConfig(out=str(root / "heldout"), episodes=2, seed=12, horizon=8, split="heldout"))
+    tokenizer = train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "tok"), data=str(root / "train"),
+                                                      heldout=str(root / "heldout"), steps=4, batch_size=8))
+    world = run_rt1_mle(RT1MLEConfig(data=str(root / "train"), heldout=str(root / "heldout"), tokenizer=str(tokenizer),
+                                     out=str(root / "mle"), size=LlamaSize(32, 1, 2, 64, 1024),
+                                     sft=SFTConfig(steps=3, batch_size=4, micro_batch=4, save_every=3)))
+    return root, world
+
+
+def test_pipeline_trains_a_world_model_that_predicts_parseable_frames(tiny_world):
+    root, world_dir = tiny_world
+    assert "eval/psnr" in read_log(root / "tok")[-1]
+    world = RobotWorldModel.load(world_dir)
+    episode = load_episodes(root / "heldout")[0]
+    codes = world.encode(episode.frames[:3], episode.frames[:1])
+    prompt = world.prompt(codes[:2], [False, False], episode.actions[:2])
+    predicted, success, errors = world.predict([prompt, prompt], k=2, future_actions=[episode.actions[2:3]] * 2)
+    assert errors == [None, None] and predicted.shape == (2, 2, 64)
+    assert ((0 <= success) & (success <= 1)).all()
+    frames = world.decode(predicted[:, 0], episode.frames[:1])
+    assert frames.shape == (2, 64, 64, 3) and frames.dtype == np.uint8
+
+
+def test_rlvr_scores_multi_step_rollouts_with_the_frame_reward(tiny_world):
+    root, world_dir = tiny_world
+    out = run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr"), horizon=2,
+                                     grpo=GRPOConfig(steps=2, prompts_per_step=2, group_size=3, beta=0.01, save_every=2)))
+    log = [r for r in read_log(root / "rlvr") if "reward/mean" in r]
+    assert len(log) == 2
+    assert all(r["reward/parse_failure_rate"] == 0 for r in log), "the layout mask makes every rollout parseable"
+    assert all(r["reward/mean"] < 0 and r["reward/lpips"] > 0 for r in log)
+    assert RobotWorldModel.load(out).settings.context_steps == 2
+
+
+def test_world_model_checkpoints_are_checked(tiny_world, tmp_path):
+    _, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    with pytest.raises(CheckpointError, match="vocabulary"):
+        RobotWorldModel(build_llama(100, LlamaSize(32, 1, 2, 64)), world.frame_tokenizer, WorldModelSettings())
+    with pytest.raises(CheckpointError, match="tokenizer/transformer mismatch"):
+        RobotWorldModel(world.lm, FrameTokenizer(FrameTokenizerConfig(levels=(8, 8))), WorldModelSettings())
+    broken = world.save(tmp_path / "copy")
+    (broken / "world_model.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        RobotWorldModel.load(broken)
+    (broken / "world_model.json").write_text(json.dumps({"layout": {"vocab_size": 7}, "settings": {}}))
+    with pytest.raises(CheckpointError, match="token layout"):
+        RobotWorldModel.load(broken)
+    with pytest.raises(CheckpointError, match="neither a directory"):
+        RobotWorldModel.load(tmp_path / "missing")
