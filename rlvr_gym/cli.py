@@ -5,6 +5,7 @@ Under torchrun: `torchrun --nproc-per-node 2 -m rlvr_gym train ...` (each proces
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -16,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def commands() -> dict[str, tuple[type, Callable, str]]:
     """Command words -> (config dataclass, function taking it, one-line help). Imported lazily: startup stays fast."""
     from rlvr_gym.data.episodes import CollectConfig, collect
+    from rlvr_gym.evaluation.robot import RT1EvalConfig, run_rt1_eval
     from rlvr_gym.quickstart import QuickstartConfig, run_quickstart
     from rlvr_gym.train import robot
     from rlvr_gym.train.demo import DemoConfig, run_demo
@@ -27,6 +29,7 @@ def commands() -> dict[str, tuple[type, Callable, str]]:
         "train tokenizer": (robot.TokenizerConfig, robot.train_frame_tokenizer, "train the frame tokenizer (FSQ, context-conditioned)"),
         "train rt1-mle": (robot.RT1MLEConfig, robot.run_rt1_mle, "train the video world model by maximum likelihood"),
         "train rt1-rlvr": (robot.RT1RLVRConfig, robot.run_rt1_rlvr, "post-train the video world model with GRPO on -(L1 + LPIPS)"),
+        "eval rt1": (RT1EvalConfig, run_rt1_eval, "score a video world model on fresh real episodes; prints one JSON line"),
     }
 
 
@@ -54,8 +57,10 @@ def main(argv: list[str] | None = None) -> None:
     config_cls, fn, help_ = table[name]
     config = tyro.cli(config_cls, args=argv[n:], prog=f"rlvr-gym {name}", description=help_)
     result = fn(config)
-    if result is not None:
-        print(result if not isinstance(result, dict) else __import__("json").dumps(result))
+    if isinstance(result, dict):
+        print(json.dumps(result))
+    elif result is not None:
+        print(result)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ PUSH_STEP = 0.024
 """Most the pushing face advances per step (m): slower than free moves, so objects slide without toppling."""
 DETOUR_ANGLES = (0.0, 0.5, -0.5, 1.0, -1.0, 1.5, -1.5)
 """Push directions tried, in radians from straight to the goal, when another object sits where the fingers go."""
+PATH_HALF_WIDTH = 0.06
+"""Another object closer than this (m) to a push's straight path is in the way: two half widths and a margin."""
+PASS_DISTANCE = 0.1
+"""How far beside an object in the way (m) the pushed object goes around it."""
 NEAR_GAP = 0.06
 """move_near aims object A's centre this far (m) from object B's, inside tasks.NEAR_DISTANCE."""
 MAX_NOISE_STD = 0.2
@@ -82,7 +86,7 @@ def drawer_action(info: dict, pull: bool) -> np.ndarray:
             return _action(_towards(np.array([0.0, 0.0, error[2]])), yaw, closed=True)
         return _action(np.array([-0.6 if pull else 0.6, error[1] / MAX_TRANSLATION, 0.0]), yaw, closed=True)
     if lowered:
-        return _action(_towards(np.array([0.0, 0.0, TRAVEL_Z - gripper[2]])), yaw, closed=False)
+        return _action(_towards(np.array([0.0, 0.0, TRAVEL_Z - gripper[2]])), 0.0, closed=False)
     if np.linalg.norm(error[:2]) > 0.01 or abs(yaw) * MAX_YAW > 0.1:
         return _action(_towards(np.array([error[0], error[1], TRAVEL_Z - gripper[2]])), yaw, closed=False)
     return _action(_towards(error), yaw, closed=False)
@@ -134,10 +138,29 @@ def _push_lane(info: dict, index: int, u: np.ndarray) -> tuple[float, float, flo
     return yaw_error, along, lateral, ready
 
 
+def via_point(info: dict, index: int, goal: np.ndarray) -> np.ndarray:
+    """Where to push object `index` first: beside the nearest other object on its straight path to `goal`, or `goal`.
+
+    Pushing through another object shoves both, and can push a whole row off the table.
+    """
+    obj = info["object_pos"][index, :2]
+    u = _unit(goal - obj)
+    n = np.array([-u[1], u[0]])
+    others = np.delete(info["object_pos"][:, :2], index, axis=0) - obj
+    along, across = others @ u, others @ n
+    in_path = (along > 0.02) & (along < float(np.linalg.norm(goal - obj))) & (np.abs(across) < PATH_HALF_WIDTH)
+    if not in_path.any():
+        return goal
+    nearest = np.flatnonzero(in_path)[np.argmin(along[in_path])]
+    side = -1.0 if across[nearest] > 0 else 1.0
+    return obj + others[nearest] + n * side * PASS_DISTANCE
+
+
 def push_action(info: dict, index: int, goal: np.ndarray) -> np.ndarray:
     """Expert for pushing object `index` to `goal` (xy): get behind it at table height, face it, push."""
     gripper = info["gripper_pos"]
     obj = info["object_pos"][index, :2]
+    goal = via_point(info, index, goal)
     distance = float(np.linalg.norm(goal - obj))
     u = _unit(goal - obj)
     yaw_error, along, lateral, ready = _push_lane(info, index, u)
@@ -151,13 +174,14 @@ def push_action(info: dict, index: int, goal: np.ndarray) -> np.ndarray:
         world = np.array([*(u * advance - np.array([-u[1], u[0]]) * lateral), PUSH_Z - gripper[2]])
         return _action(world / MAX_TRANSLATION, yaw, closed=True)
     error = _pre_push(obj, u) - gripper[:2]
-    lowered = gripper[2] < PUSH_Z + 0.02
     if np.linalg.norm(error) < 0.015 and abs(yaw_error) < 0.15:
         return _action(_towards(np.array([*error, PUSH_Z - gripper[2]])), yaw, closed=True)
-    if lowered and np.linalg.norm(error) > 0.03:
-        return _action(_towards(np.array([0.0, 0.0, PUSH_TRAVEL_Z - gripper[2]])), yaw, closed=True)
-    height = (PUSH_Z if lowered else PUSH_TRAVEL_Z) - gripper[2]
-    return _action(_towards(np.array([*error, height])), yaw, closed=True)
+    if gripper[2] < PUSH_Z + 0.02 and np.linalg.norm(error) < 0.03 and abs(yaw_error) < 0.3:
+        return _action(_towards(np.array([*error, PUSH_Z - gripper[2]])), yaw, closed=True)
+    if gripper[2] < PUSH_TRAVEL_Z - 0.015:
+        # Straight up without turning: turning the 5 cm pads among the objects would sweep them through one.
+        return _action(_towards(np.array([0.0, 0.0, PUSH_TRAVEL_Z - gripper[2]])), 0.0, closed=True)
+    return _action(_towards(np.array([*error, PUSH_TRAVEL_Z - gripper[2]])), yaw, closed=True)
 
 
 def near_goal(info: dict, a: int, b: int) -> np.ndarray:

@@ -15,7 +15,6 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

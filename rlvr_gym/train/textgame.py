@@ -19,7 +19,7 @@ import gzip
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -194,7 +194,7 @@ class TextGameSFTConfig:
     """A local pretrained Hugging Face causal LM (with its tokenizer) to fine-tune unchanged; empty: train `size`
     from scratch with a BPE tokenizer trained on the data."""
     size: LlamaSize = field(default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=8, intermediate_size=688))
-    """Shape of the from-scratch Llama (the default is 4.5M parameters with the 4,096-token vocabulary)."""
+    """Shape of the from-scratch Llama (the default has 4.2M parameters with the 4,096-token vocabulary)."""
     vocab_size: int = 4096
     """BPE vocabulary of the from-scratch tokenizer, special tokens included."""
     max_prompt_tokens: int = 1024
@@ -241,12 +241,18 @@ def run_textgame_sft(config: TextGameSFTConfig) -> Path:
     return train_sft(sft, examples, held_out, eval_fn)
 
 
-def held_out_evaluation(path: str, tokenizer, config, loss_examples: int, max_new_tokens: int):
+def held_out_evaluation(
+    path: str,
+    tokenizer: PreTrainedTokenizerBase,
+    config: TextGameSFTConfig | TextGameRLVRConfig,
+    loss_examples: int,
+    max_new_tokens: int,
+) -> tuple[list[dict], Callable[[torch.nn.Module], dict[str, float]] | None]:
     """Held-out examples for eval/loss and the greedy accuracy function for eval/, from a seeded sample of `path`."""
     if not path:
         return [], None
     transitions = subsample(load_transitions(path), max(loss_examples, config.eval_accuracy_examples), config.seed)
-    held_out, _ = encode_examples(transitions[:loss_examples], tokenizer, config.max_prompt_tokens, max_new_tokens)
+    held_out = encode_examples(transitions[:loss_examples], tokenizer, config.max_prompt_tokens, max_new_tokens)[0] if loss_examples else []
     decoded = transitions[: config.eval_accuracy_examples]
     if not decoded:
         return held_out, None

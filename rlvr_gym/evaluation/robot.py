@@ -1,0 +1,212 @@
+"""Evaluating the robot video world model against fresh real episodes.
+
+    rlvr-gym eval rt1 --checkpoint rt1-rlvr --episodes 20 --seed 7
+
+Single-step: predict frame t+1 from the real history up to frame t and action t (teacher forcing).
+Multi-step: predict frames t+1..t+k from the real history up to t, with the real actions spliced in between.
+Every table carries the baselines a world model must beat: copying the last real frame (raw and through the
+tokenizer) and the tokenizer's ceiling (the real next frame encoded and decoded).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlvr_gym.data.episodes import CollectConfig, Episode, collect, load_episodes
+from rlvr_gym.domains import robot as R
+from rlvr_gym.models.robot_world_model import RobotWorldModel
+from rlvr_gym.models.sampler import SamplingConfig
+from rlvr_gym.train.robot import episode_codes, frame_flags
+
+# Object colours in the rendered frames (envs/robot/scene.py: red cube, green cube, blue can), as channel tests.
+OBJECT_MASKS = {
+    "red": lambda f: (f[..., 0] > 140) & (f[..., 1] < 90) & (f[..., 2] < 90),
+    "green": lambda f: (f[..., 1] > 110) & (f[..., 0] < 100) & (f[..., 2] < 100),
+    "blue": lambda f: (f[..., 2] > 140) & (f[..., 0] < 90) & (f[..., 1] < 130),
+}
+
+
+def object_centroids(frames: np.ndarray, min_pixels: int = 2) -> np.ndarray:
+    """(N, 64, 64, 3) uint8 -> (N, 3 objects, 2) pixel centroids (row, col), NaN where an object is not visible."""
+    out = np.full((len(frames), len(OBJECT_MASKS), 2), np.nan)
+    rows, cols = np.mgrid[: frames.shape[1], : frames.shape[2]]
+    for j, mask_fn in enumerate(OBJECT_MASKS.values()):
+        masks = mask_fn(frames.astype(np.int16))
+        counts = masks.sum((1, 2))
+        visible = counts >= min_pixels
+        out[visible, j, 0] = (masks * rows).sum((1, 2))[visible] / counts[visible]
+        out[visible, j, 1] = (masks * cols).sum((1, 2))[visible] / counts[visible]
+    return out
+
+
+def object_position_error(pred: np.ndarray, target: np.ndarray) -> float:
+    """Mean pixel distance between object centroids read from predicted and real frames (objects seen in both)."""
+    a, b = object_centroids(pred), object_centroids(target)
+    d = np.linalg.norm(a - b, axis=-1)
+    # An object the prediction lost counts as the frame's half-diagonal: losing it must not look good.
+    d = np.where(np.isnan(a[..., 0]) & ~np.isnan(b[..., 0]), 45.0, d)
+    return float(np.nanmean(d)) if np.isfinite(d).any() else math.nan
+
+
+def frame_metrics(pred: np.ndarray, target: np.ndarray, prev: np.ndarray) -> dict[str, float]:
+    """Mean of each per-frame metric over a batch of uint8 frames; prev is the real frame before the target."""
+    changed = R.changed_pixel_mse(pred, target, prev)
+    return {
+        "mse": float(R.mse(pred, target).mean()),
+        "psnr": float(R.psnr(pred, target).clamp(max=60).mean()),
+        "ssim": float(R.ssim(pred, target).mean()),
+        "lpips": float(batched_lpips(pred, target).mean()),
+        "changed_mse": float(np.nanmean(changed.numpy())) if torch.isfinite(changed).any() else math.nan,
+        "object_error_px": object_position_error(pred, target),
+    }
+
+
+def batched_lpips(pred: np.ndarray, target: np.ndarray, batch: int = 256) -> torch.Tensor:
+    return torch.cat([R.lpips_distance(pred[i : i + batch], target[i : i + batch]) for i in range(0, len(pred), batch)])
+
+
+@dataclass
+class EpisodeTokens:
+    episode: Episode
+    codes: np.ndarray
+    flags: np.ndarray
+
+
+def single_step_prompts(world: RobotWorldModel, data: list[EpisodeTokens]):
+    prompts, where = [], []
+    for i, e in enumerate(data):
+        for t in range(len(e.episode.actions)):
+            prompts.append(world.prompt(e.codes[: t + 1], e.flags[: t + 1], e.episode.actions[: t + 1]))
+            where.append((i, t))
+    return prompts, where
+
+
+def multi_step_prompts(world: RobotWorldModel, data: list[EpisodeTokens], k: int):
+    prompts, future, where = [], [], []
+    for i, e in enumerate(data):
+        for t in range(0, len(e.episode.actions) - k + 1, k):
+            prompts.append(world.prompt(e.codes[: t + 1], e.flags[: t + 1], e.episode.actions[: t + 1]))
+            future.append(e.episode.actions[t + 1 : t + k])
+            where.append((i, t))
+    return prompts, future, where
+
+
+def predict_in_batches(world, prompts, k, future, sampling, num_samples=1, batch=64, seed=0):
+    codes, success = [], []
+    for s in range(0, len(prompts), batch):
+        c, p, _ = world.predict(prompts[s : s + batch], k=k, future_actions=future[s : s + batch] if future else None,
+                                sampling=sampling, num_samples=num_samples, generator=torch.Generator().manual_seed(seed + s))
+        codes.append(c)
+        success.append(p)
+    return np.concatenate(codes), np.concatenate(success)
+
+
+def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizon: int = 5,
+                         sampling: SamplingConfig | None = None, choose=None) -> dict:
+    """Metrics of single-step and `horizon`-step predictions on the episodes, with the baselines.
+
+    `choose(prompts, k, future) -> codes (n, k, 64)` replaces greedy prediction (best-of-N, rejection sampling).
+    """
+    sampling = sampling or SamplingConfig(temperature=0.0)
+    data = [EpisodeTokens(e, episode_codes(world.frame_tokenizer, e), frame_flags(e)) for e in episodes]
+    context = lambda i, n: np.repeat(data[i].episode.frames[:1], n, 0)  # noqa: E731
+    result: dict = {"n_episodes": len(episodes)}
+
+    prompts, where = single_step_prompts(world, data)
+    codes = choose(prompts, 1, None) if choose else predict_in_batches(world, prompts, 1, None, sampling)[0]
+    idx = np.array(where)
+    target = np.stack([data[i].episode.frames[t + 1] for i, t in where])
+    prev = np.stack([data[i].episode.frames[t] for i, t in where])
+    prev_codes = np.stack([data[i].codes[t] for i, t in where])
+    next_codes = np.stack([data[i].codes[t + 1] for i, t in where])
+    contexts = np.stack([data[i].episode.frames[0] for i, _ in where])
+    pred = world.decode(codes[:, 0], contexts)
+    result["single"] = {
+        "model": {**frame_metrics(pred, target, prev), "repetition_rate": R.repetition_rate(codes[:, 0], prev_codes), "n": len(idx)},
+        "copy_last_frame": frame_metrics(prev, target, prev),
+        "copy_last_frame_tokenized": frame_metrics(world.decode(prev_codes, contexts), target, prev),
+        "tokenizer_ceiling": frame_metrics(world.decode(next_codes, contexts), target, prev),
+        "real_repetition_rate": R.repetition_rate(next_codes, prev_codes),
+    }
+
+    prompts, future, where = multi_step_prompts(world, data, horizon)
+    if prompts:
+        codes = choose(prompts, horizon, future) if choose else predict_in_batches(world, prompts, horizon, future, sampling)[0]
+        per_step, repeats = [], []
+        for j in range(horizon):
+            target = np.stack([data[i].episode.frames[t + 1 + j] for i, t in where])
+            prev = np.stack([data[i].episode.frames[t + j] for i, t in where])
+            start = np.stack([data[i].episode.frames[t] for i, t in where])
+            contexts = np.stack([data[i].episode.frames[0] for i, _ in where])
+            previous_pred = np.stack([data[i].codes[t] for i, t in where]) if j == 0 else codes[:, j - 1]
+            pred = world.decode(codes[:, j], contexts)
+            per_step.append({
+                "step": j + 1,
+                **frame_metrics(pred, target, prev),
+                "repetition_rate": R.repetition_rate(codes[:, j], previous_pred),
+                "copy_start_psnr": float(R.psnr(start, target).clamp(max=60).mean()),
+                "copy_start_changed_mse": frame_metrics(start, target, prev)["changed_mse"],
+                "copy_start_object_error_px": object_position_error(start, target),
+            })
+            repeats.append(per_step[-1]["repetition_rate"])
+        keys = ["mse", "psnr", "ssim", "lpips", "changed_mse", "object_error_px", "repetition_rate"]
+        result["multi"] = {
+            "horizon": horizon,
+            "n": len(prompts),
+            "per_step": per_step,
+            "model": {k: float(np.nanmean([s[k] for s in per_step])) for k in keys},
+        }
+    return result
+
+
+def summary_line(result: dict) -> dict:
+    """The flat JSON line `rlvr-gym eval rt1` prints."""
+    single = result["single"]["model"]
+    line = {f"{k}": single[k] for k in ("mse", "psnr", "ssim", "lpips", "repetition_rate")}
+    line.update({f"single_{k}": single[k] for k in ("changed_mse", "object_error_px")})
+    line.update({f"copy_last_frame_{k}": result["single"]["copy_last_frame"][k] for k in ("psnr", "changed_mse", "object_error_px")})
+    line["tokenizer_ceiling_psnr"] = result["single"]["tokenizer_ceiling"]["psnr"]
+    if "multi" in result:
+        line.update({f"multi_{k}": v for k, v in result["multi"]["model"].items()})
+        last = result["multi"]["per_step"][-1]
+        line.update({f"multi_step{last['step']}_{k}": last[k] for k in ("psnr", "changed_mse", "object_error_px")})
+        line.update({f"multi_step{last['step']}_copy_{k}": last[f"copy_start_{k}"] for k in ("psnr", "changed_mse", "object_error_px")})
+    line["n"] = single["n"]
+    return line
+
+
+@dataclass
+class RT1EvalConfig:
+    checkpoint: str = "rt1-rlvr"
+    """World model: a shipped name (rt1-mle, rt1-rlvr) or a directory."""
+    episodes: int = 20
+    """Fresh real episodes to collect and predict."""
+    seed: int = 7
+    """Collection seed (use one never used for training data)."""
+    horizon: int = 5
+    """Frames per multi-step rollout."""
+    env_horizon: int = 30
+    """Steps per collected episode at most."""
+    temperature: float = 0.0
+    """Sampling temperature of the predictions (0: greedy)."""
+    out: str = ""
+    """Optional path of a JSON file for the full result (per-step tables, baselines)."""
+
+
+def run_rt1_eval(config: RT1EvalConfig) -> dict:
+    world = RobotWorldModel.load(config.checkpoint)
+    with tempfile.TemporaryDirectory() as tmp:
+        collect(CollectConfig(out=tmp + "/eval", episodes=config.episodes, seed=config.seed, horizon=config.env_horizon, split="eval"))
+        episodes = load_episodes(tmp + "/eval")
+    result = evaluate_world_model(world, episodes, config.horizon, SamplingConfig(temperature=config.temperature))
+    if config.out:
+        Path(config.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.out).write_text(json.dumps(result, indent=2))
+    return summary_line(result)
