@@ -143,3 +143,35 @@ def test_world_model_checkpoints_are_checked(tiny_world, tmp_path):
         RobotWorldModel.load(broken)
     with pytest.raises(CheckpointError, match="neither a directory"):
         RobotWorldModel.load(tmp_path / "missing")
+
+
+def test_object_centroids_are_read_from_the_frame_colours():
+    from rlvr_gym.evaluation.robot import object_centroids, object_position_error
+
+    frame = np.full((1, 64, 64, 3), 230, np.uint8)
+    frame[0, 10:12, 20:22] = (230, 20, 20)  # red
+    frame[0, 40:44, 50:52] = (20, 200, 30)  # green
+    centroids = object_centroids(frame)
+    assert centroids[0, 0].tolist() == [10.5, 20.5] and centroids[0, 1].tolist() == [41.5, 50.5]
+    assert np.isnan(centroids[0, 2]).all(), "the blue can is not in the frame"
+    moved = frame.copy()
+    moved[0, 10:12, 20:22] = 230
+    moved[0, 13:15, 24:26] = (230, 20, 20)
+    assert object_position_error(moved, frame) == pytest.approx(5.0 / 2)  # red moved 5 px, green 0
+
+
+def test_evaluation_reports_model_and_baselines(tiny_world):
+    from rlvr_gym.evaluation.robot import evaluate_world_model, summary_line
+
+    root, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    result = evaluate_world_model(world, load_episodes(root / "heldout"), horizon=2)
+    single = result["single"]
+    assert np.isfinite(single["copy_last_frame"]["psnr"]) and single["copy_last_frame"]["lpips"] >= 0
+    assert 0 <= single["model"]["repetition_rate"] <= 1 and single["model"]["n"] == 16
+    assert result["multi"]["horizon"] == 2 and len(result["multi"]["per_step"]) == 2
+    line = summary_line(result)
+    for key in ("mse", "psnr", "ssim", "lpips", "repetition_rate", "multi_lpips", "multi_repetition_rate", "n",
+                "copy_last_frame_psnr", "tokenizer_ceiling_psnr", "multi_step2_copy_psnr"):
+        assert key in line
+    assert single["tokenizer_ceiling"]["mse"] >= 0 and single["real_repetition_rate"] <= 1

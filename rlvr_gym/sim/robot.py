@@ -388,7 +388,8 @@ class RT1WorldVectorEnv(VectorEnv):
         if any(s is not None for s in seeds):
             self._np_random = np.random.default_rng([int(s) for s in seeds if s is not None])
             self._np_random_seed = int(seed) if isinstance(seed, (int, np.integer)) else -1
-            self._generator.manual_seed(int(self._np_random.integers(2**63 - 1)))
+        if mask.all():
+            self._generator.manual_seed(int(self.np_random.integers(2**63 - 1)))
         indices = options.pop("index", None)
         if indices is None or isinstance(indices, (int, np.integer)):
             indices = [indices] * self.num_envs
@@ -425,7 +426,7 @@ class RT1WorldVectorEnv(VectorEnv):
             truncated[stepping] = np.array([r.steps >= self.horizon for r in rollouts]) & ~success
             rewards[stepping] = success
         ended = terminated | truncated
-        self._needs_reset = ended.copy()
+        self._needs_reset = ended & (self.autoreset_mode != AutoresetMode.SAME_STEP)
         final: dict[str, Any] = {}
         if self.autoreset_mode == AutoresetMode.SAME_STEP and ended.any():
             final_obs = np.full(self.num_envs, None, dtype=object)
@@ -433,9 +434,8 @@ class RT1WorldVectorEnv(VectorEnv):
             for i in np.flatnonzero(ended):
                 final_obs[i], final_infos[i] = self._rollouts[i].frame.copy(), self.sim.info(self._rollouts[i])
                 self._rollouts[i] = self.sim.start(self._rngs[i], None)
-            final = {"final_obs": final_obs, "_final_obs": ended.copy(), "final_info": self._batch_infos(final_infos, ended),
+            final = {"final_obs": final_obs, "_final_obs": ended.copy(), "final_info": self._batch_infos(final_infos),
                      "_final_info": ended.copy()}  # fmt: skip
-            self._needs_reset[:] = False
         return self._observations(), rewards, terminated, truncated, {**self._infos(np.arange(self.num_envs)), **final}
 
     def render(self) -> tuple[np.ndarray, ...] | None:
@@ -450,9 +450,9 @@ class RT1WorldVectorEnv(VectorEnv):
     def _infos(self, rows: np.ndarray) -> dict[str, Any]:
         mask = np.zeros(self.num_envs, dtype=bool)
         mask[rows] = True
-        return self._batch_infos([self.sim.info(r) if m else None for r, m in zip(self._rollouts, mask)], mask)
+        return self._batch_infos([self.sim.info(r) if m else None for r, m in zip(self._rollouts, mask)])
 
-    def _batch_infos(self, infos: list[dict | None], mask: np.ndarray) -> dict[str, Any]:
+    def _batch_infos(self, infos: list[dict | None]) -> dict[str, Any]:
         """Gymnasium's vector info layout: each key's values in an array, with a `_key` mask of the envs that have it."""
         out: dict[str, Any] = {}
         for i, info in enumerate(infos):
