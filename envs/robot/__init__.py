@@ -5,6 +5,7 @@
 
 from envs.robot.gl_backend import choose_gl_backend
 
+# MuJoCo reads MUJOCO_GL once, when it is first imported (by envs.robot.env below).
 choose_gl_backend()
 
 import gymnasium as gym  # noqa: E402

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from tqdm import tqdm
 
 from rlvr_gym.models.lm import load_model
-from rlvr_gym.models.sampler import Rollout, SamplingConfig, sample
+from rlvr_gym.models.sampler import SamplingConfig, sample
 from rlvr_gym.train import run as R
 from rlvr_gym.train.batch import chunks, pack_batch, slice_batch, token_logprobs
 
@@ -187,40 +186,24 @@ def train_grpo(
     check_examples(examples)
     if config.max_new_tokens < 1 or config.group_size < 1 or config.prompts_per_step < 1:
         raise ValueError("max_new_tokens, group_size and prompts_per_step must all be at least 1")
-    d = R.setup_processes(config.threads)
-    run_dir = R.prepare_run_dir(config, d)
-    model, tokenizer, start_path = R.start_model(config, run_dir)
-    model.to(d.device)
+    run = R.Run(config, "grpo")
+    model, tokenizer, d = run.model, run.tokenizer, run.d
     reference = None
     if config.beta > 0:
         reference, _ = load_model(config.model)
         reference.to(d.device).eval().requires_grad_(False)
-    optimizer, scheduler = R.make_optimizer(model, config)
-    step = 0
-    if config.resume and start_path != config.model:
-        step, _ = R.load_checkpoint(Path(start_path), optimizer, scheduler)
-    ddp_model = R.wrap_ddp(model, d)
     if decode is None and tokenizer is not None:
         decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
-    stop_ids = ()
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        stop_ids = (tokenizer.eos_token_id,)
+    stop_ids = (tokenizer.eos_token_id,) if tokenizer is not None and tokenizer.eos_token_id is not None else ()
     sampling = SamplingConfig(config.max_new_tokens, config.temperature, config.top_k, config.top_p, stop_ids)
-    logger = R.MetricsLogger(run_dir, d.is_main, resumed_step=step)
+    evaluate = (lambda: eval_fn(model)) if eval_fn is not None else None
+    if run.step == 0:
+        run.evaluate(evaluate)
 
-    def evaluate(at_step: int) -> None:
-        if eval_fn is not None and d.is_main:
-            model.eval()
-            logger.log(at_step, {f"eval/{k}": v for k, v in eval_fn(model).items()})
-        R.barrier(d)
-
-    if step == 0:
-        evaluate(0)
-    bar = tqdm(total=config.steps, initial=step, desc="grpo", disable=not d.is_main, dynamic_ncols=True)
-    while step < config.steps:
+    while run.step < config.steps:
         started = time.perf_counter()
-        idx = R.batch_indices(len(examples), config.prompts_per_step, step, config.seed, d.rank, d.world_size)
+        idx = R.batch_indices(len(examples), config.prompts_per_step, run.step, config.seed, d.rank, d.world_size)
         batch_examples = [examples[i] for i in idx]
         model.eval()
         rollout = sample(
@@ -230,7 +213,7 @@ def train_grpo(
             num_samples=config.group_size,
             forced=[ex.get("forced", {}) for ex in batch_examples],
             pad_token_id=pad_id,
-            generator=R.step_generator(config.seed, step, d.rank),
+            generator=R.step_generator(config.seed, run.step, d.rank),
             allowed_tokens=allowed_tokens,
         )
         sampled = time.perf_counter()
@@ -239,46 +222,8 @@ def train_grpo(
         scored = score_completions(reward_fn, completions, completion_ids, expand_columns(batch_examples, config.group_size))
         rewards = scored["scores"]
         advantages = group_advantages(rewards, config.group_size, scale=config.loss_type != "dr_grpo")
-
         batch = pack_batch(rollout.prompt_ids, completion_ids, pad_id, rollout.sampled_masks())
-        rows = batch["completion_ids"].shape[0]
-        total_tokens = int(batch["loss_mask"].sum())
-        model.train()
-        old_logp = ref_logp = None
-        with torch.no_grad():
-            if config.updates_per_batch > 1:
-                old_logp = torch.cat([token_logprobs(model, slice_batch(batch, s, d.device))[0].cpu() for s in chunks(rows, config.micro_batch)])
-            if reference is not None:
-                ref_logp = torch.cat([token_logprobs(reference, slice_batch(batch, s, d.device))[0].cpu() for s in chunks(rows, config.micro_batch)])
-        stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
-        for update in range(config.updates_per_batch):
-            micro = chunks(rows, config.micro_batch)
-            for j, s in enumerate(micro):
-                mb = slice_batch(batch, s, d.device)
-                mask = mb["loss_mask"]
-                last = j == len(micro) - 1
-                sync = ddp_model.no_sync() if (d.world_size > 1 and not last) else nullcontext()
-                with sync:
-                    logp, entropy = token_logprobs(ddp_model, mb, with_entropy=update == 0)
-                    old = old_logp[s].to(d.device) if old_logp is not None else logp.detach()
-                    per_token, clipped = policy_loss_terms(logp, old, advantages[s].to(d.device), config.epsilon, config.epsilon_high)
-                    if ref_logp is not None:
-                        kl = k3_kl(logp, ref_logp[s].to(d.device))
-                        per_token = per_token + config.beta * kl
-                        stats["kl"] += float((kl.detach() * mask).sum()) / max(1, total_tokens) / config.updates_per_batch
-                    loss = aggregate(per_token, mask, config.loss_type, rows, total_tokens, config.max_new_tokens)
-                    loss.backward()
-                stats["loss"] += loss.item() / config.updates_per_batch
-                stats["clip_fraction"] += float((clipped * mask).sum()) / max(1, total_tokens) / config.updates_per_batch
-                if entropy is not None:
-                    stats["entropy"] += float((entropy * mask).sum()) / max(1, total_tokens)
-            if config.max_grad_norm > 0:
-                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-        step += 1
-
+        stats = policy_update(run, config, batch, advantages, reference)
         elapsed = time.perf_counter() - started
         grouped = rewards.view(-1, config.group_size)
         metrics = {
@@ -289,26 +234,47 @@ def train_grpo(
             "reward/groups_without_signal": float((grouped.std(1) == 0).float().mean()) if config.group_size > 1 else 1.0,
             **{f"reward/{k}": v for k, v in scored["components"].items()},
             **{f"train/{k}": v for k, v in stats.items()},
-            "train/lr": scheduler.get_last_lr()[0],
             "completion/length_mean": float(rollout.completion_mask.sum(1).float().mean()),
-            "time/samples_per_s": rows / elapsed,
+            "time/samples_per_s": len(completion_ids) / elapsed,
             "time/sampling_fraction": (sampled - started) / elapsed,
         }
-        metrics = R.mean_across_ranks(d, metrics)
-        if step % config.log_every == 0 or step == config.steps:
-            logger.log(step, metrics)
-        bar.update(1)
-        bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", fail=f"{metrics['reward/parse_failure_rate']:.2f}")
-        if step % config.save_every == 0 or step == config.steps:
-            if d.is_main:
-                R.save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, config.keep_checkpoints)
-            R.barrier(d)
-        if (config.eval_every and step % config.eval_every == 0) or step == config.steps:
-            evaluate(step)
-    bar.close()
-    final = run_dir / "final"
-    if d.is_main:
-        final = R.save_final(run_dir, model, tokenizer)
-    R.barrier(d)
-    logger.close()
-    return final
+        run.end_step(metrics, evaluate, postfix=["reward/mean", "reward/parse_failure_rate"])
+    return run.finish()
+
+
+def policy_update(run: R.Run, config: GRPOConfig, batch: dict, advantages: torch.Tensor, reference) -> dict[str, float]:
+    """`updates_per_batch` optimizer steps on one sampled batch, in micro-batches; returns loss statistics."""
+    model, d = run.model, run.d
+    rows = batch["completion_ids"].shape[0]
+    total_tokens = int(batch["loss_mask"].sum())
+    micro = chunks(rows, config.micro_batch)
+    model.train()
+    old_logp = ref_logp = None
+    with torch.no_grad():
+        if config.updates_per_batch > 1:
+            old_logp = torch.cat([token_logprobs(model, slice_batch(batch, s, d.device))[0].cpu() for s in micro])
+        if reference is not None:
+            ref_logp = torch.cat([token_logprobs(reference, slice_batch(batch, s, d.device))[0].cpu() for s in micro])
+    stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    per_update = 1.0 / config.updates_per_batch
+    for update in range(config.updates_per_batch):
+        for j, s in enumerate(micro):
+            mb = slice_batch(batch, s, d.device)
+            mask = mb["loss_mask"]
+            sync = run.ddp_model.no_sync() if (d.world_size > 1 and j < len(micro) - 1) else nullcontext()
+            with sync:
+                logp, entropy = token_logprobs(run.ddp_model, mb, with_entropy=update == 0)
+                old = old_logp[s].to(d.device) if old_logp is not None else logp.detach()
+                per_token, clipped = policy_loss_terms(logp, old, advantages[s].to(d.device), config.epsilon, config.epsilon_high)
+                if ref_logp is not None:
+                    kl = k3_kl(logp, ref_logp[s].to(d.device))
+                    per_token = per_token + config.beta * kl
+                    stats["kl"] += float((kl.detach() * mask).sum()) / max(1, total_tokens) * per_update
+                loss = aggregate(per_token, mask, config.loss_type, rows, total_tokens, config.max_new_tokens)
+                loss.backward()
+            stats["loss"] += loss.item() * per_update
+            stats["clip_fraction"] += float((clipped * mask).sum()) / max(1, total_tokens) * per_update
+            if entropy is not None:
+                stats["entropy"] += float((entropy * mask).sum()) / max(1, total_tokens)
+        stats["grad_norm"] += run.optimizer_step() * per_update
+    return stats

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from rlvr_gym.data.episodes import Episode, load_episodes
 from rlvr_gym.domains import robot as R
@@ -71,56 +70,37 @@ def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, context_idx: np
 
 
 def train_frame_tokenizer(config: TokenizerConfig) -> Path:
-    d = RUN.setup_processes(config.threads)
-    run_dir = RUN.prepare_run_dir(config, d)
+    """Train a frame tokenizer from scratch (or resume) on (frame, episode's first frame) pairs; L1 + MSE loss."""
     frames, context_idx = frame_pairs(load_episodes(config.data))
     held = frame_pairs(load_episodes(config.heldout)) if config.heldout else None
-    latest = RUN.latest_checkpoint(run_dir) if config.resume else None
-    if latest is not None:
-        model = load_frame_tokenizer(latest)
-    else:
-        torch.manual_seed(config.seed)
-        model = FrameTokenizer(FrameTokenizerConfig(channels=config.channels))
-    model.to(d.device).train()
-    optimizer, scheduler = RUN.make_optimizer(model, config)
-    step = RUN.load_checkpoint(latest, optimizer, scheduler)[0] if latest is not None else 0
-    ddp_model = RUN.wrap_ddp(model, d)
-    logger = RUN.MetricsLogger(run_dir, d.is_main, resumed_step=step)
-    bar = tqdm(total=config.steps, initial=step, desc="tokenizer", disable=not d.is_main, dynamic_ncols=True)
-    while step < config.steps:
+    d = RUN.setup_processes(config.threads)
+    if not config.model:
+        init = Path(config.run_dir) / "init"
+        if d.is_main and not (init / "config.json").is_file():
+            torch.manual_seed(config.seed)
+            FrameTokenizer(FrameTokenizerConfig(channels=config.channels)).save_pretrained(init)
+        RUN.barrier(d)
+        config = TokenizerConfig(**{**vars(config), "model": str(init)})
+    run = RUN.Run(config, "tokenizer", load=lambda path: (load_frame_tokenizer(path).train(), None))
+    model = run.model
+
+    def evaluate() -> dict[str, float]:
+        return tokenizer_metrics(model, *held, config.eval_frames) if held is not None else {}
+
+    while run.step < config.steps:
         started = time.perf_counter()
-        idx = RUN.batch_indices(len(frames), config.batch_size, step, config.seed, d.rank, d.world_size)
+        idx = RUN.batch_indices(len(frames), config.batch_size, run.step, config.seed, d.rank, d.world_size)
         target = FrameTokenizer.to_float(torch.as_tensor(frames[idx])).to(d.device)
         context = FrameTokenizer.to_float(torch.as_tensor(frames[context_idx[idx]])).to(d.device)
-        recon, _ = ddp_model(target, context)
+        model.train()
+        recon, _ = run.ddp_model(target, context)
         loss = (recon - target).abs().mean() + ((recon - target) ** 2).mean()
         loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm or float("inf")))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        metrics = RUN.mean_across_ranks(d, {"train/loss": loss.item(), "train/grad_norm": grad_norm,
-                                              "time/frames_per_s": len(idx) / (time.perf_counter() - started)})
-        if step % config.log_every == 0 or step == config.steps:
-            logger.log(step, metrics)
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
-        if step % config.save_every == 0 or step == config.steps:
-            if d.is_main:
-                RUN.save_checkpoint(run_dir, step, model, None, optimizer, scheduler, config.keep_checkpoints)
-            RUN.barrier(d)
-        if held is not None and d.is_main and ((config.eval_every and step % config.eval_every == 0) or step == config.steps):
-            model.eval()
-            logger.log(step, {f"eval/{k}": v for k, v in tokenizer_metrics(model, *held, config.eval_frames).items()})
-            model.train()
-    bar.close()
-    final = run_dir / "final"
-    if d.is_main:
-        final = RUN.save_final(run_dir, model, None)
-    RUN.barrier(d)
-    logger.close()
-    return final
+        grad_norm = run.optimizer_step()
+        metrics = {"train/loss": loss.item(), "train/grad_norm": grad_norm,
+                   "time/frames_per_s": len(idx) / (time.perf_counter() - started)}
+        run.end_step(metrics, evaluate if held is not None else None, postfix=["train/loss"])
+    return run.finish()
 
 
 # ---------------------------------------------------------------------------------------------------- sequences

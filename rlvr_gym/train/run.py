@@ -20,11 +20,13 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from rlvr_gym.models.lm import CheckpointError, load_model
 
@@ -249,17 +251,6 @@ def load_checkpoint(path: Path, optimizer: torch.optim.Optimizer, scheduler) -> 
     return int(state["step"]), state.get("extra", {})
 
 
-def start_model(config: RunConfig, run_dir: Path):
-    """The model to train: the newest checkpoint when resuming, else config.model. Returns (model, tokenizer, path)."""
-    path = latest_checkpoint(run_dir) if config.resume else None
-    if path is None:
-        if not config.model:
-            raise ValueError("no model to start from: pass --model (a shipped checkpoint name or a HF directory)")
-        path = config.model
-    model, tokenizer = load_model(path)
-    return model, tokenizer, path
-
-
 def make_optimizer(model: torch.nn.Module, config: RunConfig):
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     warmup = max(1, config.warmup_steps)
@@ -277,6 +268,83 @@ def save_final(run_dir: Path, model: torch.nn.Module, tokenizer) -> Path:
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+
+
+class Run:
+    """The parts of a training loop every trainer shares: processes, model, optimizer, resume, logs, checkpoints.
+
+        run = Run(config, "sft")
+        while run.step < config.steps:
+            loss = ...; loss.backward(); run.optimizer_step()
+            run.end_step({"train/loss": ...}, evaluate=...)
+        return run.finish()
+    """
+
+    def __init__(self, config: RunConfig, name: str, load: Callable[[str | os.PathLike], tuple] = load_model):
+        """`load(path) -> (model, tokenizer or None)` reads config.model or, with --resume, the newest checkpoint."""
+        self.config = config
+        self.d = setup_processes(config.threads)
+        self.run_dir = prepare_run_dir(config, self.d)
+        latest = latest_checkpoint(self.run_dir) if config.resume else None
+        if latest is None and not config.model:
+            raise ValueError("no model to start from: pass --model (a shipped checkpoint name or a HF directory)")
+        self.model, self.tokenizer = load(latest or config.model)
+        self.model.to(self.d.device)
+        self.optimizer, self.scheduler = make_optimizer(self.model, config)
+        self.step = load_checkpoint(latest, self.optimizer, self.scheduler)[0] if latest is not None else 0
+        self.ddp_model = wrap_ddp(self.model, self.d)
+        self.logger = MetricsLogger(self.run_dir, self.d.is_main, resumed_step=self.step)
+        self.bar = tqdm(total=config.steps, initial=self.step, desc=name, disable=not self.d.is_main, dynamic_ncols=True)
+
+    def optimizer_step(self) -> float:
+        """Clip gradients, step optimizer and schedule, clear gradients; returns the gradient norm."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def evaluate(self, eval_fn: Callable[[], dict[str, float]] | None) -> None:
+        """Run eval_fn on rank 0 (model in eval mode) and log its metrics under eval/ at the current step."""
+        if eval_fn is not None and self.d.is_main:
+            self.model.eval()
+            metrics = eval_fn()
+            if metrics:
+                self.logger.log(self.step, {f"eval/{k}": v for k, v in metrics.items()})
+        barrier(self.d)
+
+    def end_step(self, metrics: dict[str, float], eval_fn: Callable[[], dict[str, float]] | None = None,
+                 postfix: Sequence[str] = ()) -> dict[str, float]:
+        """Count the step; average, log and show its metrics; checkpoint and evaluate when due."""
+        config = self.config
+        self.step += 1
+        last = self.step == config.steps
+        metrics = mean_across_ranks(self.d, {**metrics, "train/lr": self.scheduler.get_last_lr()[0]})
+        if self.step % config.log_every == 0 or last:
+            self.logger.log(self.step, metrics)
+        self.bar.update(1)
+        self.bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in postfix})
+        if self.step % config.save_every == 0 or last:
+            if self.d.is_main:
+                save_checkpoint(self.run_dir, self.step, self.model, self.tokenizer, self.optimizer, self.scheduler,
+                                config.keep_checkpoints)
+            barrier(self.d)
+        if (config.eval_every and self.step % config.eval_every == 0) or last:
+            self.evaluate(eval_fn)
+        return metrics
+
+    def finish(self) -> Path:
+        """Save the final model (run_dir/final) and close the logs; returns the final model's directory."""
+        self.bar.close()
+        final = self.run_dir / "final"
+        if self.d.is_main:
+            final = save_final(self.run_dir, self.model, self.tokenizer)
+        barrier(self.d)
+        self.logger.close()
+        return final
 
 
 # ---------------------------------------------------------------------------------------------------- logs

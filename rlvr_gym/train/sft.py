@@ -7,7 +7,6 @@ actions inside a video world model's target); the loss is the mean negative log-
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -15,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from rlvr_gym.train import run as R
 from rlvr_gym.train.batch import chunks, pack_batch, slice_batch, token_logprobs
@@ -74,32 +72,20 @@ def train_sft(
 ) -> Path:
     """Train config.model (or resume) on the examples; returns the directory of the final model."""
     check_pairs(examples, "training")
-    d = R.setup_processes(config.threads)
-    run_dir = R.prepare_run_dir(config, d)
-    model, tokenizer, start_path = R.start_model(config, run_dir)
-    model.to(d.device)
-    optimizer, scheduler = R.make_optimizer(model, config)
-    step = 0
-    if config.resume and start_path != config.model:
-        step, _ = R.load_checkpoint(Path(start_path), optimizer, scheduler)
-    ddp_model = R.wrap_ddp(model, d)
-    pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
+    run = R.Run(config, "sft")
+    model, d = run.model, run.d
+    pad_id = run.tokenizer.pad_token_id if run.tokenizer is not None and run.tokenizer.pad_token_id is not None else 0
     held_out = list(eval_examples)[: config.eval_examples]
-    logger = R.MetricsLogger(run_dir, d.is_main, resumed_step=step)
 
-    def evaluate(at_step: int) -> None:
-        if d.is_main and (held_out or eval_fn):
-            metrics = {"eval/loss": heldout_loss(model, held_out, pad_id, d.device, config.micro_batch)} if held_out else {}
-            if eval_fn is not None:
-                model.eval()
-                metrics.update({f"eval/{k}": v for k, v in eval_fn(model).items()})
-            logger.log(at_step, metrics)
-        R.barrier(d)
+    def evaluate() -> dict[str, float]:
+        metrics = {"loss": heldout_loss(model, held_out, pad_id, d.device, config.micro_batch)} if held_out else {}
+        if eval_fn is not None:
+            metrics.update(eval_fn(model))
+        return metrics
 
-    bar = tqdm(total=config.steps, initial=step, desc="sft", disable=not d.is_main, dynamic_ncols=True)
-    while step < config.steps:
+    while run.step < config.steps:
         started = time.perf_counter()
-        idx = R.batch_indices(len(examples), config.batch_size, step, config.seed, d.rank, d.world_size)
+        idx = R.batch_indices(len(examples), config.batch_size, run.step, config.seed, d.rank, d.world_size)
         part = [examples[i] for i in idx]
         batch = pack_batch([e["prompt_ids"] for e in part], [e["target_ids"] for e in part], pad_id, target_masks(part))
         tokens = float(batch["loss_mask"].sum())
@@ -107,38 +93,16 @@ def train_sft(
         micro = chunks(len(part), config.micro_batch)
         total = 0.0
         for j, s in enumerate(micro):
-            sync = ddp_model.no_sync() if (d.world_size > 1 and j < len(micro) - 1) else nullcontext()
+            sync = run.ddp_model.no_sync() if (d.world_size > 1 and j < len(micro) - 1) else nullcontext()
             with sync:
-                loss, _ = nll(ddp_model, slice_batch(batch, s, d.device))
+                loss, _ = nll(run.ddp_model, slice_batch(batch, s, d.device))
                 (loss / tokens).backward()
             total += loss.item()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        elapsed = time.perf_counter() - started
+        grad_norm = run.optimizer_step()
         metrics = {
             "train/loss": total / tokens,
             "train/grad_norm": grad_norm,
-            "train/lr": scheduler.get_last_lr()[0],
-            "time/tokens_per_s": float(batch["attention_mask"].sum()) / elapsed,
+            "time/tokens_per_s": float(batch["attention_mask"].sum()) / (time.perf_counter() - started),
         }
-        metrics = R.mean_across_ranks(d, metrics)
-        if step % config.log_every == 0 or step == config.steps:
-            logger.log(step, metrics)
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics['train/loss']:.3f}")
-        if step % config.save_every == 0 or step == config.steps:
-            if d.is_main:
-                R.save_checkpoint(run_dir, step, model, tokenizer, optimizer, scheduler, config.keep_checkpoints)
-            R.barrier(d)
-        if (config.eval_every and step % config.eval_every == 0) or step == config.steps:
-            evaluate(step)
-    bar.close()
-    final = run_dir / "final"
-    if d.is_main:
-        final = R.save_final(run_dir, model, tokenizer)
-    R.barrier(d)
-    logger.close()
-    return final
+        run.end_step(metrics, evaluate if (held_out or eval_fn) else None, postfix=["train/loss"])
+    return run.finish()

@@ -1,0 +1,241 @@
+"""The learned robot simulator RLVRWorld-RT1-v0: single env, batched VectorEnv and SB3 adapter, on a tiny real world model."""
+
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from gymnasium.vector import AutoresetMode
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from stable_baselines3.common.vec_env import VecMonitor
+
+import rlvr_gym  # noqa: F401  (registers the env ids)
+from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
+from rlvr_gym.models.lm import CheckpointError, LlamaSize
+from rlvr_gym.sim import register_envs
+from rlvr_gym.sim.robot import INITIAL_STATES, RT1WorldEnv, RT1WorldVectorEnv, load_initial_states, save_initial_states
+from rlvr_gym.sim.sb3 import SB3VecEnv
+from rlvr_gym.train.robot import RT1MLEConfig, TokenizerConfig, run_rt1_mle, train_frame_tokenizer
+from rlvr_gym.train.sft import SFTConfig
+
+ENV_ID = "RLVRWorld-RT1-v0"
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rt1sim")
+    collect(CollectConfig(out=str(root / "train"), episodes=4, seed=11, horizon=8))
+    tokenizer = train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "tok"), data=str(root / "train"), steps=4, batch_size=8))
+    world = run_rt1_mle(RT1MLEConfig(data=str(root / "train"), tokenizer=str(tokenizer), out=str(root / "mle"),
+                                     size=LlamaSize(32, 1, 2, 64, 1024),
+                                     sft=SFTConfig(steps=3, batch_size=4, micro_batch=4, save_every=3)))
+    episodes = load_episodes(root / "train")
+    save_initial_states(world, episodes)
+    return world, episodes
+
+
+def actions(n: int, seed: int = 0, num_envs: int | None = None) -> np.ndarray:
+    shape = (n, 7) if num_envs is None else (n, num_envs, 7)
+    return np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+
+
+def rollout(env, seed: int, steps: int, options=None) -> tuple[list[np.ndarray], list[dict]]:
+    obs, info = env.reset(seed=seed, options=options)
+    frames, infos = [obs], [info]
+    for action in actions(steps):
+        obs, _, _, _, info = env.step(action)
+        frames.append(obs)
+        infos.append(info)
+    return frames, infos
+
+
+def test_initial_states_round_trip_and_are_checked(tiny_world, tmp_path):
+    _, episodes = tiny_world
+    save_initial_states(tmp_path, episodes, n=3)
+    states = load_initial_states(tmp_path)
+    assert len(states) == 3 and states.frames.dtype == np.uint8 and states.frames.shape == (3, 64, 64, 3)
+    assert len(set(states.tasks.tolist())) == 3, "initial states are taken in turn from each task"
+    np.testing.assert_array_equal(states.frames[0], episodes[0].frames[0])
+    assert states.seeds.tolist() == [e.seed for e in episodes[:3]]
+    assert states.instructions[0] == episodes[0].instruction
+    with pytest.raises(CheckpointError, match="save_initial_states"):
+        load_initial_states(tmp_path / "nowhere")
+    (tmp_path / INITIAL_STATES).write_bytes(b"not a zip")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_initial_states(tmp_path)
+    np.savez(tmp_path / INITIAL_STATES, frames=np.zeros((2, 64, 64, 3), np.float32), tasks=np.array(["a", "b"]),
+             instructions=np.array(["a", "b"]), seeds=np.array([1, 2]))
+    with pytest.raises(CheckpointError, match="uint8"):
+        load_initial_states(tmp_path)
+    with pytest.raises(ValueError, match="no episodes"):
+        save_initial_states(tmp_path, [])
+
+
+def test_env_passes_gymnasium_and_sb3_checks(tiny_world):
+    world, _ = tiny_world
+    env = gym.make(ENV_ID, checkpoint=world, horizon=5, render_mode="rgb_array").unwrapped
+    check_env(env, skip_render_check=False)
+    sb3_check_env(env)
+    obs, info = env.reset(seed=0)
+    assert env.observation_space.contains(obs) and info["step"] == 0
+    np.testing.assert_array_equal(env.render(), obs)
+    obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+    np.testing.assert_array_equal(env.render(), obs)
+    assert set(info) >= {"success_prob", "is_success", "task", "instruction", "step"} and info["step"] == 1
+    assert reward == float(info["success_prob"] > 0.5) == float(terminated)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_same_seed_gives_the_same_rollout(tiny_world, temperature):
+    world, _ = tiny_world
+    a, b = (RT1WorldEnv(checkpoint=world, temperature=temperature) for _ in range(2))
+    frames_a, infos_a = rollout(a, seed=5, steps=3)
+    frames_b, infos_b = rollout(b, seed=5, steps=3)
+    for fa, fb in zip(frames_a, frames_b):
+        np.testing.assert_array_equal(fa, fb)
+    assert infos_a == infos_b
+    assert not np.array_equal(frames_a[0], frames_a[1]), "the model predicts a new frame rather than the initial one"
+    if temperature > 0:
+        other, _ = rollout(b, seed=6, steps=3, options={"index": infos_a[0]["initial_state"]})
+        assert not np.array_equal(other[3], frames_a[3]), "another seed samples other frames from the same start"
+
+
+def test_bad_actions_raise_clear_errors(tiny_world):
+    world, _ = tiny_world
+    env = RT1WorldEnv(checkpoint=world)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(np.zeros(7, np.float32))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"shape \(7,\)"):
+        env.step(np.zeros(6, np.float32))
+    with pytest.raises(ValueError, match="finite"):
+        env.step(np.full(7, np.nan, np.float32))
+    with pytest.raises(ValueError, match="real numbers"):
+        env.step(np.array(["a"] * 7))
+    with pytest.raises(ValueError, match=r"index.*\[0, 4\)"):
+        env.reset(options={"index": 4})
+    with pytest.raises(ValueError, match="temperature"):
+        RT1WorldEnv(checkpoint=world, temperature=-1.0)
+    env.step(np.full(7, 3.0))  # out of range is clipped, as in the real env
+
+
+def test_task_restricts_the_initial_states(tiny_world):
+    world, episodes = tiny_world
+    task = episodes[1].task
+    env = RT1WorldEnv(checkpoint=world, task=task)
+    assert {env.reset(seed=s)[1]["task"] for s in range(6)} == {task}
+    with pytest.raises(ValueError, match="no initial states for task"):
+        RT1WorldEnv(checkpoint=world, task="juggle")
+
+
+def test_gym_make_finds_the_env_and_names_a_missing_checkpoint(tiny_world):
+    world, _ = tiny_world
+    register_envs()  # idempotent: already registered by `import rlvr_gym`
+    env = gym.make(ENV_ID, checkpoint=world, horizon=2)
+    assert isinstance(env.unwrapped, RT1WorldEnv)
+    env.reset(seed=0)
+    truncated = [env.step(env.action_space.sample())[3] for _ in range(2)]
+    assert truncated[0] is False
+    with pytest.raises(CheckpointError, match="rt1-rlvr"):
+        gym.make(ENV_ID)
+    (world.parent / "broken").mkdir()
+    with pytest.raises(CheckpointError, match="world_model.json"):
+        gym.make(ENV_ID, checkpoint=world.parent / "broken")
+
+
+def test_import_registers_without_loading_torch():
+    code = "import sys, gymnasium as gym, rlvr_gym; gym.spec('RLVRWorld-RT1-v0'); assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_vector_env_steps_like_sequential_single_envs(tiny_world):
+    world, _ = tiny_world
+    venv = gym.make_vec(ENV_ID, num_envs=4, vectorization_mode="vector_entry_point", checkpoint=world, horizon=20)
+    assert isinstance(venv, RT1WorldVectorEnv) and venv.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    singles = [RT1WorldEnv(checkpoint=world, horizon=20) for _ in range(4)]
+    obs, infos = venv.reset(seed=7)
+    for i, env in enumerate(singles):
+        single_obs, single_info = env.reset(seed=7 + i)
+        np.testing.assert_array_equal(obs[i], single_obs)
+        assert infos["initial_state"][i] == single_info["initial_state"]
+    alive = np.ones(4, dtype=bool)
+    for batch in actions(3, seed=1, num_envs=4):
+        obs, rewards, terminated, truncated, infos = venv.step(batch)
+        for i in np.flatnonzero(alive):
+            single_obs, reward, *_ = singles[i].step(batch[i])
+            np.testing.assert_array_equal(obs[i], single_obs)
+            assert rewards[i] == reward
+        alive &= ~(terminated | truncated)  # an ended sub-env is reset on the next step, the single env is not
+
+
+def test_next_step_autoreset_resets_on_the_step_after_the_end(tiny_world):
+    world, _ = tiny_world
+    venv = RT1WorldVectorEnv(num_envs=3, checkpoint=world, horizon=1)
+    venv.reset(seed=0)
+    steps = actions(3, num_envs=3)
+    _, _, terminated, truncated, infos = venv.step(steps[0])
+    assert (terminated | truncated).all() and (infos["step"] == 1).all(), "every sub-env ends at the horizon"
+    obs, rewards, terminated, truncated, infos = venv.step(steps[1])
+    assert (rewards == 0).all() and not terminated.any() and not truncated.any() and (infos["step"] == 0).all()
+    states = load_initial_states(world)
+    np.testing.assert_array_equal(obs, states.frames[infos["initial_state"].astype(int)])
+    assert (venv.step(steps[2])[4]["step"] == 1).all()
+    with pytest.raises(ValueError, match=r"\(3, 7\)"):
+        venv.step(np.zeros((2, 7), np.float32))
+
+
+def test_same_step_autoreset_returns_the_final_frame_in_info(tiny_world):
+    world, _ = tiny_world
+    venv = RT1WorldVectorEnv(num_envs=3, checkpoint=world, horizon=1, autoreset_mode="SameStep")
+    assert venv.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+    venv.reset(seed=0)
+    obs, _, terminated, truncated, infos = venv.step(actions(1, num_envs=3)[0])
+    assert (terminated | truncated).all() and infos["_final_obs"].all()
+    assert (infos["step"] == 0).all() and (infos["final_info"]["step"] == 1).all()
+    states = load_initial_states(world)
+    np.testing.assert_array_equal(obs, states.frames[infos["initial_state"].astype(int)])
+    assert not np.array_equal(infos["final_obs"][0], obs[0])
+
+
+def test_partial_reset_keeps_the_other_sub_envs(tiny_world):
+    world, _ = tiny_world
+    venv = RT1WorldVectorEnv(num_envs=2, checkpoint=world)
+    venv.reset(seed=0, options={"index": [0, 1]})
+    stepped, *_ = venv.step(actions(1, num_envs=2)[0])
+    obs, infos = venv.reset(options={"reset_mask": np.array([True, False]), "index": 2})
+    np.testing.assert_array_equal(obs[0], load_initial_states(world).frames[2])
+    np.testing.assert_array_equal(obs[1], stepped[1])
+    assert infos["_step"].tolist() == [True, False]
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_sb3_adapter_resets_ended_envs_and_keeps_the_terminal_frame(tiny_world, mode):
+    world, _ = tiny_world
+    venv = SB3VecEnv(RT1WorldVectorEnv(num_envs=2, checkpoint=world, horizon=1, autoreset_mode=mode, render_mode="rgb_array"))
+    venv.seed(3)
+    venv.reset()
+    obs, rewards, dones, infos = venv.step(actions(1, num_envs=2)[0])
+    assert dones.all() and rewards.dtype == np.float32
+    states = load_initial_states(world)
+    for i, info in enumerate(infos):
+        assert info["step"] == 1 and info["TimeLimit.truncated"] == (not info["is_success"])
+        np.testing.assert_array_equal(obs[i], states.frames[venv.reset_infos[i]["initial_state"]])
+        assert info["terminal_observation"].shape == (64, 64, 3) and not np.array_equal(info["terminal_observation"], obs[i])
+    assert venv.get_attr("horizon") == [1, 1] and venv.env_is_wrapped(gym.Wrapper) == [False, False]
+    venv.set_attr("horizon", 3)
+    assert venv.get_attr("horizon", indices=[1]) == [3]
+    with pytest.raises(ValueError, match="share"):
+        venv.set_attr("horizon", 2, indices=[0])
+    assert len(venv.get_images()) == 2 and venv.render().shape == (128, 64, 3)
+
+
+def test_sb3_ppo_learns_in_the_batched_simulator(tiny_world):
+    world, _ = tiny_world
+    venv = VecMonitor(SB3VecEnv(gym.make_vec(ENV_ID, num_envs=4, vectorization_mode="vector_entry_point", checkpoint=world, horizon=8)))
+    model = PPO("MlpPolicy", venv, n_steps=32, batch_size=64, n_epochs=1, policy_kwargs={"net_arch": [16]}, seed=0)
+    model.learn(total_timesteps=256)
+    assert model.num_timesteps == 256
+    assert len(model.ep_info_buffer) > 0, "episodes ended and were reset within the rollouts"
