@@ -33,7 +33,12 @@ def measure_speed(steps: int, repeats: int = 3) -> dict:
                 env.reset()
         rates.append(steps / (time.perf_counter() - start))
     env.close()
-    return {"steps": steps, "repeats": repeats, "best_steps_per_s": max(rates), "median_steps_per_s": float(np.median(rates))}
+    return {
+        "steps": steps,
+        "repeats": repeats,
+        "best_steps_per_s": max(rates),
+        "median_steps_per_s": float(np.median(rates)),
+    }
 
 
 def changed_pixels(a: np.ndarray, b: np.ndarray) -> int:
@@ -114,7 +119,9 @@ def main(out_dir: str = "runs/bench", episodes: int = 30, speed_steps: int = 100
         f"MuJoCo GL backend `{os.environ.get('MUJOCO_GL')}`, 64x64 RGB, {FRAME_SKIP} physics steps of 5 ms per env "
         f"step, full-scale world_vector = {MAX_TRANSLATION} m.",
         "",
-        f"## Speed (rendering on, random actions, one process; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)",
+        "## Speed (rendering on, random actions, one process)",
+        "",
+        f"Load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs while measuring.",
         "",
         markdown_table([speed], digits=2),
         "",

@@ -232,6 +232,18 @@ def test_sb3_adapter_resets_ended_envs_and_keeps_the_terminal_frame(tiny_world, 
     assert len(venv.get_images()) == 2 and venv.render().shape == (128, 64, 3)
 
 
+def test_sb3_adapter_reaches_the_sub_envs_of_a_sync_vector_env(tiny_world):
+    world, _ = tiny_world
+    venv = SB3VecEnv(gym.make_vec(ENV_ID, num_envs=2, vectorization_mode="sync", checkpoint=world, horizon=1))
+    venv.reset()
+    obs, _, dones, infos = venv.step(actions(1, num_envs=2)[0])
+    assert dones.all() and all(info["step"] == 1 for info in infos) and all(info["step"] == 0 for info in venv.reset_infos)
+    venv.set_attr("horizon", 4, indices=[1])
+    assert venv.get_attr("horizon") == [1, 4]
+    assert venv.env_is_wrapped(gym.wrappers.OrderEnforcing) == [True, True]
+    assert [frame.shape for frame in venv.env_method("render")] == [(64, 64, 3)] * 2 or venv.get_attr("render_mode") == [None, None]
+
+
 def test_sb3_ppo_learns_in_the_batched_simulator(tiny_world):
     world, _ = tiny_world
     venv = VecMonitor(SB3VecEnv(gym.make_vec(ENV_ID, num_envs=4, vectorization_mode="vector_entry_point", checkpoint=world, horizon=8)))
