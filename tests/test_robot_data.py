@@ -190,7 +190,10 @@ def test_collect_with_workers_gives_the_same_data_and_disjoint_seeds(tmp_path):
         check_disjoint(tmp_path / "one", tmp_path / "two")
 
 
-def test_collect_rejects_unknown_task(tmp_path):
+def test_collect_defaults_to_every_task_and_rejects_unknown_ones(tmp_path):
+    import envs.robot as robot
+
+    assert CollectConfig(out="x").tasks == robot.TASKS
     with pytest.raises(ValueError, match="unknown or no tasks.*fly"):
         collect(CollectConfig(out=str(tmp_path), episodes=1, tasks=("fly",)))
 
@@ -365,5 +368,6 @@ def test_rlds_corrupt_length_and_truncated_file_raise(tmp_path):
 
 def test_rlds_record_without_rt1_features_says_what_it_has(tmp_path):
     path = write_tfrecord(tmp_path / "other.tfrecord", [encode_example({"steps/action": ("float", [0.0] * 14)})])
-    with pytest.raises(ValueError, match=r"other.tfrecord: record 0: not an RT-1 RLDS episode: missing features.*steps/action'\]"):
+    expected = r"other.tfrecord: record 0: not an RT-1 RLDS episode: missing features.*has \['steps/action'\]"
+    with pytest.raises(ValueError, match=expected):
         list(rlds.read_rlds_episodes(path))

@@ -59,8 +59,9 @@ def test_tokenizer_round_trips_prompts_and_targets():
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert tokenizer.unk_token_id not in ids
         assert tokenizer.decode(ids) == text
-    assert len(tokenizer.encode(texts[0], add_special_tokens=False)) < len(texts[0]) / 2, "BPE merges the data's frequent strings"
-    assert tokenizer.convert_ids_to_tokens([tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id]) == ["<pad>", "<s>", "</s>"]
+    assert len(tokenizer.encode(texts[0], add_special_tokens=False)) < len(texts[0]) / 2, "BPE merges frequent strings"
+    specials = [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id]
+    assert tokenizer.convert_ids_to_tokens(specials) == ["<pad>", "<s>", "</s>"]
 
 
 def test_sft_writes_a_loadable_model_with_its_tokenizer_and_length_report(sft_run):
@@ -139,7 +140,8 @@ def fixture_tokenizer():
 def test_eval_of_a_model_that_always_predicts_no_change_equals_the_baseline(fixture_tokenizer, tmp_path):
     tok = fixture_tokenizer
     newline = tok.convert_tokens_to_ids("Ċ")  # every prompt ends with a newline, its own token
-    no_change = chain_model(tok, [newline, *tok.encode("{}", add_special_tokens=False), tok.eos_token_id], tmp_path / "a")
+    empty_diff = tok.encode("{}", add_special_tokens=False)
+    no_change = chain_model(tok, [newline, *empty_diff, tok.eos_token_id], tmp_path / "a")
     result = run_textgame_eval(TextGameEvalConfig(data=str(FIXTURE), checkpoint=str(no_change), batch_size=2))
     json.dumps(result, allow_nan=False)
     # the fixture: 4 changed transitions and 1 unchanged
@@ -156,7 +158,8 @@ def test_eval_of_a_model_that_always_predicts_no_change_equals_the_baseline(fixt
 
 
 def test_eval_limit_samples_and_missing_kinds_are_null(fixture_tokenizer, tmp_path):
-    model_dir = chain_model(fixture_tokenizer, [fixture_tokenizer.convert_tokens_to_ids("Ċ"), fixture_tokenizer.eos_token_id], tmp_path / "m")
+    tok = fixture_tokenizer
+    model_dir = chain_model(tok, [tok.convert_tokens_to_ids("Ċ"), tok.eos_token_id], tmp_path / "m")
     changed_only = tmp_path / "changed.jsonl"
     changed_only.write_text("".join(FIXTURE.read_text().splitlines(keepends=True)[1:]))
     result = run_textgame_eval(TextGameEvalConfig(data=str(changed_only), checkpoint=str(model_dir), limit=3))
@@ -189,7 +192,8 @@ def test_textworld_collection_is_readable_and_mixes_into_sft(tmp_path):
     assert manifest["seeds"] == [2] and manifest["transitions"] == len(transitions) > 3
     assert {t.game for t in transitions} == {"tw-s2-r3-o5-q3"}
     assert sorted(t.state_id for t in transitions) == list(range(len(transitions)))
-    assert len({json.dumps([t.current, t.action], sort_keys=True) for t in transitions}) == len(transitions), "no repeats"
+    distinct = {json.dumps([t.current, t.action], sort_keys=True) for t in transitions}
+    assert len(distinct) == len(transitions), "a state and command seen twice is written once"
     assert any(is_changed(t.current, t.next) for t in transitions)
     for t in transitions:
         diff, error = parse_diff(target_text(t), t.current)
@@ -216,8 +220,8 @@ def test_sft_under_torchrun_trains_the_tokenizer_once(tmp_path):
             "--size.hidden-size", "32", "--size.layers", "1", "--size.heads", "2", "--size.intermediate-size", "64",
             "--sft.steps", "2", "--sft.batch-size", "1", "--sft.micro-batch", "1", "--balance", "None"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script), *args]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script)]
+    result = subprocess.run(command + args, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in read_log(run_dir) if "train/loss" in r] == [1, 2]
     model, tokenizer = load_model(run_dir / "final")

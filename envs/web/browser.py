@@ -12,11 +12,9 @@ import os
 import shutil
 import urllib.parse
 
-import gymnasium as gym
-import miniwob
 from miniwob.environment import MiniWoBEnvironment
 from miniwob.fields import get_field_extractor
-from miniwob.selenium_instance import DEFAULT_BASE_URL, SeleniumInstance
+from miniwob.selenium_instance import DEFAULT_BASE_URL, HTML_DIR, SeleniumInstance
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -45,7 +43,6 @@ PAGE_LOAD_TIMEOUT_S = 20.0
 
 os.environ.setdefault("MINIWOB_CHROME_BINARY", CHROME_BINARY)
 os.environ.setdefault("MINIWOB_CHROMEDRIVER", CHROMEDRIVER)
-gym.register_envs(miniwob)
 
 
 def browser_paths() -> tuple[str, str]:
@@ -53,6 +50,12 @@ def browser_paths() -> tuple[str, str]:
     chrome = os.environ.get("MINIWOB_CHROME_BINARY") or CHROME_BINARY
     driver = os.environ.get("MINIWOB_CHROMEDRIVER") or CHROMEDRIVER
     return chrome, driver
+
+
+def check_task(task: str) -> None:
+    """Raise ValueError unless `task` is a MiniWoB task whose page ships with miniwob (flight.* tasks excluded)."""
+    if not (HTML_DIR / "miniwob" / f"{task}.html").is_file():
+        raise ValueError(f"no MiniWoB task {task!r}: use a page name from {HTML_DIR / 'miniwob'}, e.g. 'click-button'")
 
 
 def browser_available() -> bool:
@@ -93,6 +96,10 @@ class _Instance(SeleniumInstance):
 class MiniWoBBrowserEnv(MiniWoBEnvironment):
     """A MiniWoB++ task (`subdomain`, e.g. "click-button") in headless Debian Chromium, screenshots off."""
 
+    def __init__(self, subdomain: str, **kwargs):
+        check_task(subdomain)
+        super().__init__(subdomain=subdomain, **kwargs)
+
     def _hard_reset_instance(self) -> None:
         if getattr(self, "instance", None):
             self.instance.close()
@@ -105,9 +112,8 @@ class MiniWoBBrowserEnv(MiniWoBEnvironment):
         return self.instance.driver
 
     def load_task(self, task: str) -> None:
-        """Open another (non-flight) MiniWoB task's page in the same browser."""
-        if task.startswith("flight."):
-            raise ValueError(f"{task!r} needs MiniWoB's HTTP server: make a new env for flight tasks")
+        """Open another MiniWoB task's page in the same browser."""
+        check_task(task)
         self.subdomain = self.instance_kwargs["subdomain"] = task
         self.instance.url = urllib.parse.urljoin(self.instance_kwargs["base_url"] or DEFAULT_BASE_URL, f"{task}.html")
         self.instance.field_extractor = get_field_extractor(task)

@@ -11,6 +11,7 @@ import urllib3
 from miniwob.action import ActionSpaceConfig, ActionTypes
 from miniwob.reward import get_raw_reward
 from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.remote.webdriver import WebDriver
 
 from envs.web import tree
 from envs.web.browser import MiniWoBBrowserEnv
@@ -119,15 +120,16 @@ class WebTaskEnv:
     [-1, 1] (1 = success). `info["env_reward"]` has the time-scaled one.
 
     ## Starting State
-    The task generated from the episode's seed: `seed`, `seed + 1`, ... for successive resets, unless `reset`
-    is given one.
+    The task generated from the episode's seed: `seed`, `seed + 1`, ... for successive resets; `reset(seed=s)`
+    plays seed `s` and the next reset plays `s + 1`.
 
     ## Episode End
     Terminated when the task ends the episode (success, failure, or its own time limit: 10-30 s of wall time).
     Truncated after `max_steps` steps. The final tree is read after the final action: the page is still there.
 
     ## Arguments
-    `task` (one of `TASKS`, or any MiniWoB task name), `seed`, `max_steps`, `quiet_s`, `settle_timeout_s`.
+    `task` (one of `TASKS`, or any MiniWoB page shipped with miniwob except flight.*), `seed`, `max_steps`,
+    `quiet_s`, `settle_timeout_s`.
     If the browser dies mid-episode, it is restarted and the episode replayed from its seed and actions; if the
     replay does not reach the same tree, `BrowserError` is raised and the next `reset` starts clean.
     """
@@ -149,7 +151,8 @@ class WebTaskEnv:
         self._done = True
 
     @property
-    def driver(self):
+    def driver(self) -> WebDriver:
+        """The Selenium driver of the current browser (it changes when the browser is restarted)."""
         return self._env.driver
 
     def reset(self, seed: int | None = None) -> tuple[str, str, dict[str, Any]]:

@@ -3,8 +3,10 @@
 A policy sees what a learned simulator would show it (utterance and tree text), so the same policy can be scored
 in the real env and in a learned one. `skill` in [0, 1] is the probability of acting as the expert at each step;
 otherwise it takes a random action on a visible line (clicks, and random words typed into text fields), which
-also covers wrong choices. The expert reads hidden lines too (the tree shows collapsed content), as a user who
-knows the page would. Targets come from miniwob's own field extractors, which parse the utterance.
+also covers wrong choices. An expert that finds no move for a state its script does not cover (e.g. after random
+actions left a field with the wrong text) also acts at random. The expert reads hidden lines too (the tree shows
+collapsed content), as a user who knows the page would. Targets come from miniwob's own field extractors, which
+parse the utterance.
 
 Where a page does not show its state in the accessibility tree (search-engine's current result page), the
 policy remembers what it did in the episode: make a new policy, or call `reset`, per episode.
@@ -184,14 +186,14 @@ def _search_engine(fields: dict, nodes: list[Node], memory: dict) -> str | None:
 def _email_inbox(fields: dict, nodes: list[Node], memory: dict) -> str | None:
     visible = _visible(nodes)
     task = fields["task"]
-    form_box = _first(visible, "textbox")
-    if form_box is not None and form_box.name != "Search":
-        # A reply or forward form: images are its close and send buttons, in that order.
+    boxes = [n for n in visible if n.role == "textbox" and n.name != "Search"]
+    if boxes:
+        # A reply form (one box: the message) or a forward form (recipient, then message); its images are the
+        # close and send buttons, in that order.
+        box, text = (boxes[-1], fields["message"]) if task == "reply" else (boxes[0], fields.get("to", ""))
+        if task in ("reply", "forward") and box.props.get("value", "") != text:
+            return type_text(box.id, text)
         images = [n for n in visible if n.role == "image"]
-        if task == "reply" and (text_box := [n for n in visible if n.role == "textbox"][-1]).props.get("value", "") != fields["message"]:
-            return type_text(text_box.id, fields["message"])
-        if task == "forward" and form_box.props.get("value", "") != fields["to"]:
-            return type_text(form_box.id, fields["to"])
         return click(images[1].id) if len(images) > 1 else None
     opened = _first(visible, "StaticText", "Reply")
     if opened is not None:

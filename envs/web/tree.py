@@ -158,7 +158,7 @@ def parse(text: str) -> list[Node]:
 
 
 def _props(ax: dict, hidden: bool) -> dict[str, str]:
-    raw = {p["name"]: p["value"].get("value") for p in ax.get("properties", [])}
+    raw = {p["name"]: p["value"].get("value") for p in ax.get("properties", []) if p["name"] != "hidden"}
     value = ax.get("value", {}).get("value")
     if value not in (None, ""):
         raw["value"] = _clean(str(value))

@@ -20,14 +20,21 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shlex
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from envs.robot import RealRT1Env
 
 FORMAT = "rlvr-gym-episodes"
 FORMAT_VERSION = 1
@@ -226,7 +233,7 @@ def _read_shard(path: Path, expected_episodes: int) -> Iterator[Episode]:
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in (*_STEP_KEYS, *_FRAME_KEYS, *_STRING_KEYS, "episode_starts", "seed")}
-    except (zipfile.BadZipFile, ValueError, OSError, KeyError, EOFError) as e:
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, KeyError, EOFError, NotImplementedError) as e:
         raise ValueError(f"{path}: corrupt episode shard ({type(e).__name__}: {e}); collect the dataset again") from None
     starts = arrays["episode_starts"]
     n = len(starts)
@@ -313,20 +320,31 @@ def collect(config: CollectConfig) -> Path:
             finally:
                 runner.close()
         # spawn, not fork: each worker opens its own OpenGL context, which must not be inherited.
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(config.workers, initializer=_init_worker, initargs=(config.horizon,)) as pool:
-            return write_shards(tracked(pool.imap(_run_in_worker, jobs)), *write_args)
+        context = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(config.workers, context, _init_worker, (config.horizon,))
+        try:
+            return write_shards(tracked(pool.map(_run_in_worker, jobs)), *write_args)
+        finally:
+            pool.shutdown(cancel_futures=True)
+    except BrokenProcessPool:
+        raise RuntimeError(
+            "a collection worker died; rerun with --workers 1 to see why. A script that calls collect() with "
+            "workers > 1 must do so under `if __name__ == '__main__':` (workers are spawned and import it)"
+        ) from None
     finally:
         bar.close()
 
 
-def collect_episode(env, task: str, policy: str, seed: int) -> Episode:
+def collect_episode(env: RealRT1Env, task: str, policy: str, seed: int) -> Episode:
     """Run one episode in a RealRT1Env made for `task`: reset with `seed`, act with `policy` until it ends."""
     from envs.robot import make_scripted_policy
 
     if policy == "random":
         rng = np.random.default_rng(seed)
-        act = lambda obs, info: rng.uniform(-1.0, 1.0, ACTION_DIM)  # noqa: E731
+
+        def act(obs: np.ndarray, info: dict) -> np.ndarray:
+            return rng.uniform(-1.0, 1.0, ACTION_DIM)
+
     elif policy.startswith("scripted:"):
         act = make_scripted_policy(task, float(policy.split(":", 1)[1]), seed)
     else:
@@ -400,7 +418,7 @@ def _command(config: CollectConfig) -> str:
             words += [flag, *map(str, value)]
         else:
             words += [flag, str(value)]
-    return " ".join(words)
+    return shlex.join(words)
 
 
 class _Runner:

@@ -5,16 +5,17 @@ masked CRC-32C of the length, the data, masked CRC-32C of the data; both CRCs ar
 episode, each a `tf.train.Example` protobuf read here by a small wire-format decoder. TFDS flattens the RLDS
 episode into features named by their path, one value (or fixed-size group of values) per step:
 
-| feature                                               | per step                 | used as                     |
-|-------------------------------------------------------|--------------------------|-----------------------------|
-| `steps/observation/image`                             | 1 encoded image (JPEG, 256x320x3) | frames              |
-| `steps/observation/natural_language_instruction`      | 1 string                 | instruction (first step's)  |
-| `steps/action/world_vector`                           | 3 floats                 | action[0:3]                 |
-| `steps/action/rotation_delta`                         | 3 floats                 | action[3:6]                 |
-| `steps/action/gripper_closedness_action`              | 1 float                  | action[6]                   |
-| `steps/reward`                                        | 1 float                  | rewards, success            |
-| `steps/is_first`, `is_last`, `is_terminal`            | 1 int (bool)             | not needed                  |
-| `steps/action/terminate_episode`                      | 3 ints                   | ignored                     |
+| feature                                          | per step                           | used as                    |
+|--------------------------------------------------|------------------------------------|----------------------------|
+| `steps/observation/image`                        | 1 encoded image (JPEG, 256x320x3)  | frames                     |
+| `steps/observation/natural_language_instruction` | 1 string                           | instruction (first step's) |
+| `steps/action/world_vector`                      | 3 floats                           | action[0:3]                |
+| `steps/action/rotation_delta`                    | 3 floats                           | action[3:6]                |
+| `steps/action/gripper_closedness_action`         | 1 float                            | action[6]                  |
+| `steps/reward`                                   | 1 float                            | rewards, success           |
+| `steps/is_first`, `is_last`, `is_terminal`       | 1 int (bool)                       | not needed                 |
+| `steps/action/terminate_episode`                 | 3 ints                             | ignored                    |
+
 RT-1's other features (base displacement, proprioception, the 512-d language embedding) are ignored.
 
 **Steps to transitions.** An RLDS episode of N steps holds N observations; RLDS' last step carries the final
@@ -27,7 +28,7 @@ then was positive.
 **Actions.** Our 7-d layout is RT-1's (world_vector, rotation_delta, gripper_closedness), each scaled into
 [-1, 1] and clipped:
 - world_vector / `world_vector_scale` (default 1.0: RT-1's action spec bounds it to [-1, 1]; in
-  fractal20220817_data its 1st / 99th percentiles are about -0.22 / +0.22, with rare outliers up to 22,
+  fractal20220817_data its 1st / 99th percentiles are about -0.22 / +0.22 (Octo / OpenVLA statistics), with rare outliers up to 22,
   so a scale of 0.25 uses more of the range, at the price of clipping ~1% of values);
 - rotation_delta / `rotation_scale` (default pi/2: RT-1's spec bound, which the data's extremes reach;
   1st / 99th percentiles about -0.44 / +0.59);
@@ -46,6 +47,7 @@ and NaN states (the true state is unknown).
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -89,24 +91,22 @@ def _crc_table() -> np.ndarray:
 
 _TABLE = _crc_table()
 _TABLE_LIST = _TABLE.tolist()
+_BITS = np.arange(32, dtype=np.uint32)
 # Column b: the register after one zero byte, started from the register 1 << b; the register update is linear.
-_ONE_ZERO_BYTE = _TABLE[(np.uint32(1) << np.arange(32, dtype=np.uint32)) & 0xFF] ^ (
-    (np.uint32(1) << np.arange(32, dtype=np.uint32)) >> 8
-)
+_ONE_ZERO_BYTE = _TABLE[(np.uint32(1) << _BITS) & 0xFF] ^ ((np.uint32(1) << _BITS) >> np.uint32(8))
 
 
 def _advance(matrix: np.ndarray, registers: np.ndarray) -> np.ndarray:
     """Apply a GF(2) 32x32 matrix (given by its 32 columns) to each uint32 register."""
-    out = np.zeros_like(registers)
-    for bit in range(32):
-        out ^= matrix[bit] * ((registers >> np.uint32(bit)) & np.uint32(1))
-    return out
+    bits = (registers[:, None] >> _BITS) & np.uint32(1)
+    return np.bitwise_xor.reduce(bits * matrix, axis=1)
 
 
+@functools.lru_cache(maxsize=None)
 def _zero_bytes_operator(n: int) -> np.ndarray:
-    """The matrix that advances a register over n zero bytes, by repeated squaring."""
-    result = np.uint32(1) << np.arange(32, dtype=np.uint32)
-    power = _ONE_ZERO_BYTE.copy()
+    """The matrix that advances a register over n zero bytes, by repeated squaring (n is a power of two here)."""
+    result = np.uint32(1) << _BITS
+    power = _ONE_ZERO_BYTE
     while n:
         if n & 1:
             result = _advance(power, result)
@@ -125,8 +125,9 @@ def crc32c(data: bytes | memoryview) -> int:
         return register ^ 0xFFFFFFFF
     # The initial register 0xFFFFFFFF equals a zero register with the first four bytes inverted, and zero bytes
     # before the data leave a zero register unchanged: so pad in front to lanes x width, every lane from zero.
-    lanes = 1 << ((n.bit_length() + 1) // 2)
-    width = -(-n // lanes)
+    # Powers of two for both keep the combining operators few and cached.
+    width = 1 << max(6, n.bit_length() - 11)
+    lanes = 1 << (-(-n // width) - 1).bit_length()
     padded = np.zeros(lanes * width, np.uint8)
     pad = lanes * width - n
     padded[pad:] = np.frombuffer(data, np.uint8)
@@ -135,10 +136,10 @@ def crc32c(data: bytes | memoryview) -> int:
     registers = np.zeros(lanes, np.uint32)
     for column in columns:
         registers = _TABLE[(registers ^ column) & 0xFF] ^ (registers >> np.uint32(8))
-    shift = _zero_bytes_operator(width)
+    span = width
     while len(registers) > 1:
-        registers = _advance(shift, registers[0::2]) ^ registers[1::2]
-        shift = _advance(shift, shift)
+        registers = _advance(_zero_bytes_operator(span), registers[0::2]) ^ registers[1::2]
+        span *= 2
     return int(registers[0]) ^ 0xFFFFFFFF
 
 
@@ -166,7 +167,8 @@ def read_tfrecords(path: str | os.PathLike) -> Iterator[bytes]:
             footer = f.read(4)
             if len(data) < length or len(footer) < 4:
                 raise ValueError(
-                    f"{path}: record {index} is truncated ({len(data)} of {length} data bytes); the file is incomplete, copy it again"
+                    f"{path}: record {index} is truncated ({len(data)} of {length} data bytes); "
+                    "the file is incomplete, copy it again"
                 )
             if masked_crc32c(data) != struct.unpack("<I", footer)[0]:
                 raise ValueError(f"{path}: record {index}: CRC mismatch in the data; the file is corrupt, copy it again")
@@ -274,7 +276,8 @@ def episode_from_example(
     gripper: Literal["relative", "absolute"] = "relative",
 ) -> Episode:
     """Convert one decoded RLDS episode of RT-1 into an Episode (see the module docstring for the mapping)."""
-    missing = [k for k in (IMAGE_KEY, INSTRUCTION_KEY, WORLD_VECTOR_KEY, ROTATION_KEY, GRIPPER_KEY, REWARD_KEY) if k not in features]
+    required = (IMAGE_KEY, INSTRUCTION_KEY, WORLD_VECTOR_KEY, ROTATION_KEY, GRIPPER_KEY, REWARD_KEY)
+    missing = [key for key in required if key not in features]
     if missing:
         raise ValueError(f"missing features {missing}; the record has {sorted(features)}")
     images = features[IMAGE_KEY]
@@ -335,7 +338,9 @@ def tfrecord_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.glob("*.tfrecord*") if p.is_file())
             if not found:
-                raise FileNotFoundError(f"{path}: no *.tfrecord* files; pass the TFDS dataset directory, e.g. fractal20220817_data/0.1.0")
+                raise FileNotFoundError(
+                    f"{path}: no *.tfrecord* files; pass the TFDS dataset directory, e.g. fractal20220817_data/0.1.0"
+                )
             files += found
         elif path.is_file():
             files.append(path)
@@ -358,7 +363,9 @@ def import_rlds(
 ) -> Path:
     """Convert RT-1 RLDS TFRecord files (or directories of them) into an episode dataset in out_dir; returns out_dir."""
     if world_vector_scale <= 0 or rotation_scale <= 0:
-        raise ValueError(f"scales must be positive, got world_vector_scale={world_vector_scale}, rotation_scale={rotation_scale}")
+        raise ValueError(
+            f"scales must be positive, got world_vector_scale={world_vector_scale}, rotation_scale={rotation_scale}"
+        )
     files = tfrecord_files(paths)
     config = {
         "source": "rlds", "paths": [str(p) for p in files], "world_vector_scale": world_vector_scale,

@@ -11,7 +11,7 @@ import os
 import zipfile
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +136,7 @@ class _Simulator:
     world: RobotWorldModel
     states: InitialStates
     first_codes: np.ndarray
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0))
+    sampling: SamplingConfig
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, task: str | None, temperature: float) -> _Simulator:
@@ -156,9 +156,8 @@ class _Simulator:
     def device(self) -> torch.device:
         return next(self.world.lm.parameters()).device
 
-    def start(self, rng: np.random.Generator, options: dict[str, Any] | None) -> _Rollout:
-        """A new rollout from the initial state `options["index"]`, or one drawn with `rng`."""
-        index = (options or {}).get("index")
+    def start(self, rng: np.random.Generator, index: int | None = None) -> _Rollout:
+        """A new rollout from initial state `index`, or one drawn with `rng`."""
         if index is None:
             index = int(rng.integers(len(self.states)))
         elif not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.states):
@@ -292,7 +291,7 @@ class RT1WorldEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        self._rollout = self.sim.start(self.np_random, options)
+        self._rollout = self.sim.start(self.np_random, (options or {}).get("index"))
         self._generator.manual_seed(self._rollout.sample_seed)
         return self._rollout.frame.copy(), self.sim.info(self._rollout)
 
@@ -398,7 +397,7 @@ class RT1WorldVectorEnv(VectorEnv):
         for i in np.flatnonzero(mask):
             if seeds[i] is not None:
                 self._rngs[i] = seeding.np_random(int(seeds[i]))[0]
-            self._rollouts[i] = self.sim.start(self._rngs[i], {**options, "index": indices[i]})
+            self._rollouts[i] = self.sim.start(self._rngs[i], indices[i])
         self._needs_reset[mask] = False
         return self._observations(), self._infos(np.flatnonzero(mask))
 
@@ -413,7 +412,7 @@ class RT1WorldVectorEnv(VectorEnv):
             )
         resetting = self._needs_reset.copy() if self.autoreset_mode == AutoresetMode.NEXT_STEP else np.zeros(self.num_envs, bool)
         for i in np.flatnonzero(resetting):
-            self._rollouts[i] = self.sim.start(self._rngs[i], None)
+            self._rollouts[i] = self.sim.start(self._rngs[i])
         stepping = np.flatnonzero(~resetting)
         rewards = np.zeros(self.num_envs)
         terminated = np.zeros(self.num_envs, dtype=bool)
@@ -433,7 +432,7 @@ class RT1WorldVectorEnv(VectorEnv):
             final_infos = [None] * self.num_envs
             for i in np.flatnonzero(ended):
                 final_obs[i], final_infos[i] = self._rollouts[i].frame.copy(), self.sim.info(self._rollouts[i])
-                self._rollouts[i] = self.sim.start(self._rngs[i], None)
+                self._rollouts[i] = self.sim.start(self._rngs[i])
             final = {"final_obs": final_obs, "_final_obs": ended.copy(), "final_info": self._batch_infos(final_infos),
                      "_final_info": ended.copy()}  # fmt: skip
         return self._observations(), rewards, terminated, truncated, {**self._infos(np.arange(self.num_envs)), **final}

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import FrameTokenizer, FrameTokenizerConfig
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
 from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings, load_frame_tokenizer
+from rlvr_gym.sim.robot import save_initial_states
 from rlvr_gym.train import run as RUN
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
 from rlvr_gym.train.sft import SFTConfig, train_sft
@@ -165,15 +167,16 @@ def run_rt1_mle(config: RT1MLEConfig) -> Path:
         torch.manual_seed(config.sft.seed)
         build_llama(R.VOCAB_SIZE, config.size).save_pretrained(init)
     RUN.barrier(d)
-    examples, held = [], []
-    for source, dest in ((config.data, examples), (config.heldout, held)):
-        if source:
-            for episode in load_episodes(source):
-                dest += mle_examples(episode_codes(frame_tokenizer, episode), episode, config.window)
+    train_episodes = load_episodes(config.data)
+    held_episodes = load_episodes(config.heldout) if config.heldout else []
+    examples = [ex for e in train_episodes for ex in mle_examples(episode_codes(frame_tokenizer, e), e, config.window)]
+    held = [ex for e in held_episodes for ex in mle_examples(episode_codes(frame_tokenizer, e), e, config.window)]
     sft = SFTConfig(**{**vars(config.sft), "run_dir": str(out), "model": str(init)})
     lm_dir = train_sft(sft, examples, eval_examples=held)
     if d.is_main:
-        RobotWorldModel(load_model(lm_dir)[0], frame_tokenizer, WorldModelSettings(config.context_steps)).save(out / "world_model")
+        world_dir = RobotWorldModel(load_model(lm_dir)[0], frame_tokenizer, WorldModelSettings(config.context_steps)).save(out / "world_model")
+        # The learned simulator starts its episodes from these real first frames.
+        save_initial_states(world_dir, train_episodes)
     RUN.barrier(d)
     return out / "world_model"
 
@@ -258,6 +261,7 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     final = train_grpo(grpo, reward, examples, decode=None, allowed_tokens=R.rollout_allowed_tokens(config.horizon))
     if d.is_main:
         world.lm = load_model(final)[0]
-        world.save(out / "world_model")
+        world_dir = world.save(out / "world_model")
+        shutil.copy2(RobotWorldModel.resolve(config.model) / "initial_states.npz", world_dir / "initial_states.npz")
     RUN.barrier(d)
     return out / "world_model"

@@ -32,7 +32,15 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from rlvr_gym.data.bytesized32 import Transition, load_transitions, shared_data_dir
-from rlvr_gym.domains.textgame import balance, binary_reward, format_prompt, format_target, is_changed, make_diff, task_reward
+from rlvr_gym.domains.textgame import (
+    balance,
+    binary_reward,
+    format_prompt,
+    format_target,
+    is_changed,
+    make_diff,
+    task_reward,
+)
 from rlvr_gym.evaluation.textgame import accuracy, encode_prompts, load_tokenizer, subsample
 from rlvr_gym.models.lm import LlamaSize, build_llama, parameter_count
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
@@ -46,13 +54,15 @@ log = logging.getLogger("rlvr_gym")
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
 TEXTWORLD_FILE = "transitions.jsonl.gz"
+# Fields that may differ on --resume; the trainer checks its own (sft, grpo), knowing which of them may change.
+RESUMABLE_CHANGES = {"resume", "sft", "grpo", "eval_accuracy_examples", "eval_batch_size"}
 
 
 # ---------------------------------------------------------------------------------------------------- tokens
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on the texts, with <pad>, <s> (bos) and </s> (eos): any text encodes, nothing is unknown."""
+    """Byte-level BPE trained on the texts, with <pad>, <s> (bos) and </s> (eos); any text encodes, none is unknown."""
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
@@ -97,7 +107,8 @@ def encode_examples(
     """Trainer examples (`prompt_ids`, `target_ids` ending in eos, and the `current` / `next` states the rewards
     read), dropping those over the limits; and the length distribution before dropping."""
     prompts = encode_prompts(tokenizer, transitions)
-    targets = [ids + [tokenizer.eos_token_id] for ids in tokenizer([target_text(t) for t in transitions], add_special_tokens=False)["input_ids"]]
+    target_ids = tokenizer([target_text(t) for t in transitions], add_special_tokens=False)["input_ids"]
+    targets = [ids + [tokenizer.eos_token_id] for ids in target_ids]
     examples, too_long = [], 0
     for t, p, y in zip(transitions, prompts, targets):
         if len(p) > max_prompt_tokens or len(y) > max_target_tokens:
@@ -130,7 +141,9 @@ def default_valid_data() -> str:
 def textworld_file(directory: str | os.PathLike) -> Path:
     path = Path(directory) / TEXTWORLD_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{directory} holds no {TEXTWORLD_FILE}: write one with `rlvr-gym collect textworld --out {directory}`")
+        raise FileNotFoundError(
+            f"{directory} holds no {TEXTWORLD_FILE}: write one with `rlvr-gym collect textworld --out {directory}`"
+        )
     return path
 
 
@@ -139,7 +152,8 @@ def load_training_transitions(data: str, textworld: str, ratio: tuple[int, int] 
     transitions = load_transitions(data)
     if textworld:
         extra = load_transitions(textworld_file(textworld))
-        log.info("mixing %d TextWorld transitions from %s into %d from %s", len(extra), textworld, len(transitions), data)
+        log.info("mixing %d TextWorld transitions from %s into %d from %s", len(extra), textworld, len(transitions),
+                 data)
         transitions += extra
     if ratio is not None:
         transitions = balance(transitions, *ratio, seed=seed)
@@ -160,15 +174,17 @@ def report_data(run_dir: Path, stats: dict, is_main: bool) -> None:
         atomic_write_text(run_dir / "data_stats.json", json.dumps(stats, indent=2))
 
 
-def check_run(run_dir: Path, config, is_main: bool) -> None:
+def check_run(run_dir: Path, config: TextGameSFTConfig | TextGameRLVRConfig, is_main: bool) -> None:
     """Refuse to start over a run with checkpoints without --resume, or to resume one with another config."""
     if latest_checkpoint(run_dir) is not None and not config.resume:
-        raise FileExistsError(f"{run_dir} already holds checkpoints: pass --resume to continue that run, or choose another --run-dir")
+        raise FileExistsError(
+            f"{run_dir} already holds checkpoints: pass --resume to continue that run, or choose another --run-dir"
+        )
     saved, current = run_dir / "textgame.json", json.loads(json.dumps(dataclasses.asdict(config)))  # tuples as lists
     if config.resume and saved.is_file():
         previous = json.loads(saved.read_text())
-        # The trainer's own fields are checked by the trainer, which knows which of them may change.
-        differing = sorted(k for k in set(previous) | set(current) if k not in ("resume", "sft", "grpo") and previous.get(k) != current.get(k))
+        keys = (set(previous) | set(current)) - RESUMABLE_CHANGES
+        differing = sorted(k for k in keys if previous.get(k) != current.get(k))
         if differing:
             changes = ", ".join(f"{k}: {previous.get(k)!r} -> {current.get(k)!r}" for k in differing)
             raise ValueError(f"cannot resume {run_dir} with a different config ({changes}); use a new --run-dir")
@@ -193,14 +209,18 @@ class TextGameSFTConfig:
     model: str = ""
     """A local pretrained Hugging Face causal LM (with its tokenizer) to fine-tune unchanged; empty: train `size`
     from scratch with a BPE tokenizer trained on the data."""
-    size: LlamaSize = field(default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=8, intermediate_size=688))
-    """Shape of the from-scratch Llama (the default has 4.2M parameters with the 4,096-token vocabulary)."""
+    size: LlamaSize = field(
+        default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=8, intermediate_size=688)
+    )
+    """Shape of the from-scratch Llama (the default has 3.7M parameters with ByteSized32's 2,047-token vocabulary)."""
     vocab_size: int = 4096
-    """BPE vocabulary of the from-scratch tokenizer, special tokens included."""
+    """Most tokens of the from-scratch BPE, special tokens included; training stops sooner once every pre-tokenized
+    word of the data is one token (ByteSized32 train: 2,047)."""
     max_prompt_tokens: int = 1024
-    """Examples with longer prompts are dropped (ByteSized32 train: median 441, p90 524, max 992 tokens)."""
+    """Examples with longer prompts are dropped (ByteSized32 train at 100:40: median 427, p90 525, max 993 tokens)."""
     max_target_tokens: int = 512
-    """Examples with longer targets (eos included) are dropped (ByteSized32 train: median 2, p90 100, max 335)."""
+    """Examples with longer targets (eos included) are dropped (ByteSized32 train at 100:40: median 69, p90 127,
+    max 335 tokens)."""
     balance: tuple[int, int] | None = (100, 40)
     """Resample to this changed:unchanged ratio, keeping all of the scarcer kind (None: the data's own mix)."""
     eval_accuracy_examples: int = 64
@@ -212,7 +232,9 @@ class TextGameSFTConfig:
     resume: bool = False
     """Continue from the newest checkpoint in run_dir."""
     sft: SFTConfig = field(
-        default_factory=lambda: SFTConfig(steps=2000, lr=1e-3, warmup_steps=50, batch_size=16, micro_batch=8, save_every=100, eval_examples=128)
+        default_factory=lambda: SFTConfig(
+            steps=2000, lr=1e-3, warmup_steps=50, batch_size=16, micro_batch=8, save_every=100, eval_examples=128
+        )
     )
     """The trainer's settings (its run_dir, model and resume are set from the fields above)."""
 
@@ -229,14 +251,17 @@ def run_textgame_sft(config: TextGameSFTConfig) -> Path:
             tokenizer = train_tokenizer(transition_texts(train), config.vocab_size)
             torch.manual_seed(config.seed)
             model = build_llama(len(tokenizer), config.size, tokenizer)
-            log.info("from-scratch Llama: %.2fM parameters, vocabulary %d", parameter_count(model) / 1e6, len(tokenizer))
+            log.info("from-scratch Llama: %.2fM parameters, vocabulary %d", parameter_count(model) / 1e6,
+                     len(tokenizer))
             model.save_pretrained(model_dir)
             tokenizer.save_pretrained(model_dir)
         barrier(d)
     tokenizer = load_tokenizer(model_dir)
     examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.max_target_tokens)
     report_data(root, stats, d.is_main)
-    held_out, eval_fn = held_out_evaluation(config.eval_data, tokenizer, config, config.sft.eval_examples, config.max_target_tokens)
+    held_out, eval_fn = held_out_evaluation(
+        config.eval_data, tokenizer, config, config.sft.eval_examples, config.max_target_tokens
+    )
     sft = SFTConfig(**{**vars(config.sft), "run_dir": str(root), "model": str(model_dir), "resume": config.resume})
     return train_sft(sft, examples, held_out, eval_fn)
 
@@ -252,7 +277,9 @@ def held_out_evaluation(
     if not path:
         return [], None
     transitions = subsample(load_transitions(path), max(loss_examples, config.eval_accuracy_examples), config.seed)
-    held_out = encode_examples(transitions[:loss_examples], tokenizer, config.max_prompt_tokens, max_new_tokens)[0] if loss_examples else []
+    held_out = []
+    if loss_examples:
+        held_out, _ = encode_examples(transitions[:loss_examples], tokenizer, config.max_prompt_tokens, max_new_tokens)
     decoded = transitions[: config.eval_accuracy_examples]
     if not decoded:
         return held_out, None
@@ -277,7 +304,8 @@ class TextGameRLVRConfig:
     model: str = "runs/textgame/sft/final"
     """The model to improve: the SFT run's final/ (or any checkpoint directory with its tokenizer)."""
     reward: Literal["binary", "task"] = "binary"
-    """binary: exact match of the rebuilt next state; task: 0.09 property + 0.01 score + 0.2 exact + changed-property accuracy."""
+    """binary: exact match of the rebuilt next state; task: 0.09 property + 0.01 score + 0.2 exact
+    + changed-property accuracy."""
     data: str = field(default_factory=default_train_data)
     """ByteSized32-format JSONL(.gz) of training transitions (default: the shared ByteSized32 train split)."""
     textworld: str = ""
@@ -298,7 +326,8 @@ class TextGameRLVRConfig:
     """Continue from the newest checkpoint in run_dir."""
     grpo: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
-            steps=200, lr=1e-5, prompts_per_step=8, group_size=8, max_new_tokens=256, beta=1e-3, micro_batch=16, save_every=20, eval_every=50
+            steps=200, lr=1e-5, prompts_per_step=8, group_size=8, max_new_tokens=256, beta=1e-3, micro_batch=16,
+            save_every=20, eval_every=50,
         )
     )
     """The trainer's settings (its run_dir, model and resume are set from the fields above)."""
@@ -369,7 +398,10 @@ def collect_textworld(
     from textworld import Game
 
     if games < 1 or episodes < 0 or max_steps < 1:
-        raise ValueError(f"collect_textworld needs games >= 1, episodes >= 0 and max_steps >= 1, got {games}, {episodes}, {max_steps}")
+        raise ValueError(
+            "collect_textworld needs games >= 1, episodes >= 0 and max_steps >= 1, "
+            f"got games={games}, episodes={episodes}, max_steps={max_steps}"
+        )
     out = Path(out)
     game_dir = out / "games"
     records, skipped = [], []
@@ -404,7 +436,9 @@ def collect_textworld(
         "seeds": [s for s in range(seed, seed + games) if s not in skipped],
         "skipped_seeds": skipped,
         "generation": {"nb_rooms": nb_rooms, "nb_objects": nb_objects, "quest_length": quest_length},
-        "policies": {"walkthrough": 1, "noisy_walkthrough": episodes, "noise": noise, "random": episodes, "max_steps": max_steps},
+        "episodes": {"walkthrough": 1, "noisy_walkthrough": episodes, "random": episodes},
+        "noise": noise,
+        "max_steps": max_steps,
         "transitions": len(records),
     }
     atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2))
@@ -413,7 +447,7 @@ def collect_textworld(
 
 
 def textworld_record(game: str, state_id: int, task: str, previous_command: str, t: TextWorldTransition) -> dict:
-    """A ByteSized32 record of one TextWorld step; TextWorld has no separate world tick, so action and tick states agree."""
+    """A ByteSized32 record of one TextWorld step (no world tick in TextWorld: action and tick states agree)."""
 
     def game_state(state: dict, last_action: str) -> dict:
         return {
