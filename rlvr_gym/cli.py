@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def commands() -> dict[str, tuple[type, Callable, str]]:
     """Command words -> (config dataclass, function taking it, one-line help). Imported lazily: startup stays fast."""
     from rlvr_gym.data.episodes import CollectConfig, collect
+    from rlvr_gym.data.rlds import ImportConfig, import_rt1
     from rlvr_gym.evaluation.robot import RT1EvalConfig, run_rt1_eval
     from rlvr_gym.quickstart import QuickstartConfig, run_quickstart
     from rlvr_gym.train import robot
@@ -26,6 +27,7 @@ def commands() -> dict[str, tuple[type, Callable, str]]:
         "quickstart": (QuickstartConfig, run_quickstart, "the main job on embedded defaults, with a report"),
         "demo": (DemoConfig, run_demo, "SFT then GRPO on the sort-digits task: the trainer's proof that it learns"),
         "collect rt1": (CollectConfig, collect, "record episodes of the MuJoCo tabletop under scripted and random policies"),
+        "import rt1": (ImportConfig, import_rt1, "convert Open X-Embodiment RT-1 RLDS TFRecords into episode shards (no TensorFlow)"),
         "train tokenizer": (robot.TokenizerConfig, robot.train_frame_tokenizer, "train the frame tokenizer (FSQ, context-conditioned)"),
         "train rt1-mle": (robot.RT1MLEConfig, robot.run_rt1_mle, "train the video world model by maximum likelihood"),
         "train rt1-rlvr": (robot.RT1RLVRConfig, robot.run_rt1_rlvr, "post-train the video world model with GRPO on -(L1 + LPIPS)"),
