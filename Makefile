@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export MUJOCO_GL ?= egl
 
 .PHONY: quickstart test bench browser install install-dev install-web install-bench clean
 

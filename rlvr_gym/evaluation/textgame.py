@@ -8,7 +8,6 @@ that reranking N samples could reach (for exact match it is pass@N).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import random
@@ -25,8 +24,6 @@ from rlvr_gym.data.bytesized32 import Transition, load_transitions, shared_data_
 from rlvr_gym.domains.textgame import accuracy_table, format_prompt, no_change_predictions, task_reward
 from rlvr_gym.models.lm import CheckpointError, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import SamplingConfig, sample
-
-log = logging.getLogger("rlvr_gym")
 
 
 def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:

@@ -1,0 +1,627 @@
+"""Web world models: real MiniWoB++ transitions collected in Chromium, a byte-level BPE tokenizer trained on them,
+SFT from scratch (or from any local Hugging Face causal LM), then RLVR with the F1 web reward through the one GRPO
+trainer.
+
+Data. `collect web` records (tree, action, next tree, reward, done) transitions with `envs.web`'s scripted
+policies at several skills (a skill below 1 takes random actions that often), several browsers in parallel
+processes. Episode i of a task in a collection with `--seed` s plays MiniWoB seed `s * 1_000_000 + i`, so sets
+collected with different seeds share no page; the trainers and `eval web` check it from the manifests. By default
+the training set covers 11 of the 13 tasks and two are held out entirely (`HELDOUT_TASKS`):
+- `enter-text` (type a word into a text field, press Submit): login-user types into text fields and presses a
+  button, search-engine types into a search box;
+- `click-collapsible-2` (expand sections, click a link in one): click-tab-2 reveals hidden panels, whose lines
+  lose `hidden: true`, in the same way, and click-link / click-tab-2 click links inside text.
+A dataset is one directory: `<task>.jsonl.gz` per task (one transition per line: utterance, tree_before, action,
+tree_after, reward, done, task, seed, step, skill, truncated) and `manifest.json` (tasks with their seeds and
+counts, the config, the command, timing), written last.
+
+Training. An example is one transition: prompt = `format_prompt(utterance, tree, action)` after the bos token,
+target = `format_target(diff, reward, done)` and the eos token. Prompts and targets are never truncated (a cut
+tree makes the diff refer to lines the model never saw): examples over `max_prompt_tokens` / `max_target_tokens`
+are dropped, and the token-length distribution, per task too, and the number dropped go to the log and to
+RUN_DIR/data_stats.json. A run directory holds the trainer's files (config.json, log.jsonl, checkpoints/, final/;
+see rlvr_gym.train.run), web.json (this command's config: --resume with another one is refused), data_stats.json,
+init/ (the trained tokenizer and the untrained model, from scratch only), and final/web_training.json (the tasks
+and episodes the model was trained on, which `eval web` reads to split seen from held-out tasks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from multiprocessing.util import Finalize
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from envs.web import TASKS
+from rlvr_gym.domains.web import web_reward
+from rlvr_gym.evaluation.textgame import load_tokenizer
+from rlvr_gym.evaluation.web import (
+    TRAINING_RECORD,
+    check_disjoint_episodes,
+    encode_prompts,
+    encode_targets,
+    evaluate_model,
+    prompt_text,
+    read_training_record,
+    subsample,
+    target_text,
+)
+from rlvr_gym.models.lm import LlamaSize, build_llama, parameter_count
+from rlvr_gym.train.grpo import GRPOConfig, train_grpo
+from rlvr_gym.train.run import atomic_write_text, barrier, latest_checkpoint, setup_processes
+from rlvr_gym.train.sft import SFTConfig, train_sft
+from rlvr_gym.train.textgame import length_stats, train_tokenizer
+
+if TYPE_CHECKING:
+    from envs.web import WebTaskEnv
+
+log = logging.getLogger("rlvr_gym")
+
+HELDOUT_TASKS = ("enter-text", "click-collapsible-2")
+"""Tasks left out of the default training set (why these two: module docstring)."""
+TRAIN_TASKS = tuple(t for t in TASKS if t not in HELDOUT_TASKS)
+SEEDS_PER_RUN = 1_000_000
+"""Episode i of a task in a collection with seed s plays MiniWoB seed s * SEEDS_PER_RUN + i."""
+FORMAT, FORMAT_VERSION = "rlvr-gym-web-transitions", 1
+MANIFEST = "manifest.json"
+# Fields that may differ on --resume; the trainer checks its own (sft, grpo), knowing which of them may change.
+RESUMABLE_CHANGES = {"resume", "sft", "grpo", "eval_predict_examples", "eval_batch_size"}
+
+
+# ---------------------------------------------------------------------------------------------------- collection
+
+
+@dataclass
+class WebCollectConfig:
+    out: str = "runs/web/train"
+    """Output directory: one <task>.jsonl.gz per task and manifest.json."""
+    tasks: tuple[str, ...] = TRAIN_TASKS
+    """Tasks to record (default: the 11 training tasks; the held-out set adds enter-text and click-collapsible-2)."""
+    episodes: int = 40
+    """Episodes per task."""
+    seed: int = 0
+    """Collection seed: episode i of a task plays MiniWoB seed seed * 1_000_000 + i; held-out sets use another one."""
+    skills: tuple[float, ...] = (1.0, 0.7, 0.4, 0.1)
+    """Scripted-policy skills, in turn (episode i gets skills[i % len]): the probability of an expert move at each
+    step, otherwise a random action."""
+    max_steps: int = 20
+    """Steps per episode at most (truncated after)."""
+    workers: int = 2
+    """Browsers recording in parallel processes (~170 MB each); each restarts its browser when it fails."""
+    overwrite: bool = False
+    """Replace a dataset already in `out`."""
+
+
+def collect_web(config: WebCollectConfig, env: WebTaskEnv | None = None) -> Path:
+    """Record the transitions and write them with the manifest; returns the output directory.
+
+    Pass `env` to record in a browser you already have (workers must be 1; it is left open and used with the
+    config's max_steps).
+    """
+    out = Path(config.out)
+    if (out / MANIFEST).exists() and not config.overwrite:
+        raise FileExistsError(f"{out} already holds a web dataset ({MANIFEST}): pick another --out or pass --overwrite")
+    if env is not None and config.workers != 1:
+        raise ValueError("a browser passed in records alone: set workers to 1")
+    check_collection(config.tasks, config.episodes, config.seed, config.skills, config.max_steps, config.workers)
+    if (out / MANIFEST).exists():
+        for entry in read_manifest(out)["tasks"].values():
+            (out / entry["file"]).unlink(missing_ok=True)
+        (out / MANIFEST).unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = {task: {"file": f"{task}.jsonl.gz", "seeds": [], "failed_seeds": [], "transitions": 0, "successes": 0}
+             for task in config.tasks}  # fmt: skip
+    started = time.perf_counter()
+    current, lines = None, []
+
+    def flush() -> None:
+        path = out / tasks[current]["file"]
+        tmp = path.with_name(f".{path.name}.tmp")
+        with gzip.open(tmp, "wt", encoding="utf-8") as f:
+            f.writelines(lines)
+        os.replace(tmp, path)
+        lines.clear()
+
+    results = episode_results(config.tasks, config.episodes, config.seed, config.skills, config.max_steps,
+                              config.workers, env)  # fmt: skip
+    for (task, seed, _), records, error in results:
+        if task != current:
+            if current is not None:
+                flush()
+            current = task
+        entry = tasks[task]
+        if error is not None:
+            entry["failed_seeds"].append(seed)
+            continue
+        entry["seeds"].append(seed)
+        entry["transitions"] += len(records)
+        entry["successes"] += int(bool(records) and records[-1]["reward"] > 0)
+        lines.extend(json.dumps(r) + "\n" for r in records)
+    flush()
+    seconds = time.perf_counter() - started
+    total = sum(e["transitions"] for e in tasks.values())
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "tasks": tasks,
+        "transitions": total,
+        "episodes": sum(len(e["seeds"]) for e in tasks.values()),
+        "seconds": round(seconds, 1),
+        "transitions_per_s": round(total / seconds, 2),
+        "config": dataclasses.asdict(config),
+        "command": command_line(["rlvr-gym", "collect", "web"], config),
+    }
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+    log.info("wrote %d web transitions of %d tasks to %s (%.1f transitions/s)", total, len(tasks), out, total / seconds)
+    return out
+
+
+def collect_records(
+    tasks: Sequence[str],
+    episodes: int,
+    seed: int,
+    skills: Sequence[float] = (1.0, 0.7, 0.4, 0.1),
+    max_steps: int = 20,
+    workers: int = 1,
+) -> tuple[list[dict], dict[str, list[int]]]:
+    """Record transitions in memory: (records, task -> seeds of the episodes recorded), as `collect_web` would."""
+    check_collection(tasks, episodes, seed, skills, max_steps, workers)
+    records, seeds = [], {task: [] for task in tasks}
+    for (task, env_seed, _), episode, error in episode_results(tasks, episodes, seed, skills, max_steps, workers):
+        if error is None:
+            records += episode
+            seeds[task].append(env_seed)
+    return records, seeds
+
+
+def check_collection(tasks: Sequence[str], episodes: int, seed: int, skills: Sequence[float], max_steps: int,
+                     workers: int) -> None:  # fmt: skip
+    from envs.web.solvers import EXPERTS
+
+    unknown = [t for t in tasks if t not in EXPERTS]
+    if unknown or not tasks:
+        raise ValueError(f"unknown or no tasks {unknown}: choose from {', '.join(TASKS)}")
+    if len(set(tasks)) != len(tasks):
+        raise ValueError(f"tasks repeat: {list(tasks)}; name each task once")
+    if not skills or not all(0.0 <= s <= 1.0 for s in skills):
+        raise ValueError(f"skills must be values in [0, 1] (1 = expert), got {list(skills)}")
+    if not 1 <= episodes <= SEEDS_PER_RUN:
+        raise ValueError(f"episodes must be in 1..{SEEDS_PER_RUN} (more would reach the next seed's pages)")
+    if seed < 0 or max_steps < 1 or workers < 1:
+        raise ValueError(f"seed must be >= 0, max_steps and workers >= 1; got {seed}, {max_steps}, {workers}")
+
+
+Job = tuple[str, int, float]  # task, MiniWoB seed, skill
+
+
+def episode_results(
+    tasks: Sequence[str],
+    episodes: int,
+    seed: int,
+    skills: Sequence[float],
+    max_steps: int,
+    workers: int,
+    env: WebTaskEnv | None = None,
+) -> Iterator[tuple[Job, list[dict], str | None]]:
+    """Play every (task, episode) and yield (job, transitions, error) in task-major order, whatever the workers."""
+    jobs = [(task, seed * SEEDS_PER_RUN + i, skills[i % len(skills)]) for task in tasks for i in range(episodes)]
+    bar = tqdm(total=len(jobs), desc="collect web", unit="ep", dynamic_ncols=True)
+    count = 0
+    try:
+        if workers == 1:
+            recorder = _Recorder(max_steps, env)
+            try:
+                results = map(recorder, jobs)
+                for job, result in zip(jobs, results):
+                    count += len(result[0])
+                    bar.update()
+                    bar.set_postfix(transitions=count)
+                    yield (job, *result)
+            finally:
+                if recorder.env is not env:
+                    recorder.close()
+            return
+        # spawn, not fork: a forked child would share the parent's Selenium and logging state.
+        pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _init_worker, (max_steps,))
+        try:
+            for job, result in zip(jobs, pool.map(_run_in_worker, jobs)):
+                count += len(result[0])
+                bar.update()
+                bar.set_postfix(transitions=count)
+                yield (job, *result)
+        finally:
+            pool.shutdown(cancel_futures=True)
+    except BrokenProcessPool:
+        raise RuntimeError(
+            "a collection worker died; rerun with --workers 1 to see why. A script that calls collect_web() with "
+            "workers > 1 must do so under `if __name__ == '__main__':` (workers are spawned and import it)"
+        ) from None
+    finally:
+        bar.close()
+
+
+class _Recorder:
+    """Plays one episode per call in its browser; a browser that fails is replaced and the episode replayed once."""
+
+    def __init__(self, max_steps: int, env: WebTaskEnv | None = None):
+        self.max_steps = max_steps
+        self.env = env
+        if env is not None:
+            env.max_steps = max_steps
+
+    def __call__(self, job: Job) -> tuple[list[dict], str | None]:
+        from envs.web import record_transitions
+        from envs.web.env import BROWSER_ERRORS
+
+        task, seed, skill = job
+        error = None
+        for _ in range(2):
+            try:
+                if self.env is None:
+                    from envs.web import WebTaskEnv
+
+                    self.env = WebTaskEnv(task, max_steps=self.max_steps)
+                return list(record_transitions([task], 1, seed, (skill,), env=self.env)), None
+            except (*BROWSER_ERRORS, RuntimeError) as e:
+                error = f"{type(e).__name__}: {e}"
+                log.warning("browser failed on %s seed %d (%s); starting a fresh one", task, seed, error)
+                self.close()
+        log.warning("giving up on %s seed %d after two browsers failed", task, seed)
+        return [], error
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+
+
+_worker_recorder: _Recorder | None = None
+
+
+def _init_worker(max_steps: int) -> None:
+    global _worker_recorder
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    _worker_recorder = _Recorder(max_steps)
+    # Quit the worker's browser when the pool shuts the worker down (multiprocessing runs these finalizers on exit).
+    Finalize(_worker_recorder, _worker_recorder.close, exitpriority=10)
+
+
+def _run_in_worker(job: Job) -> tuple[list[dict], str | None]:
+    return _worker_recorder(job)
+
+
+def command_line(words: Sequence[str], config) -> str:
+    """The command line that reproduces a flat config dataclass."""
+    out = list(words)
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else f"--no-{flag[2:]}")
+        elif isinstance(value, (tuple, list)):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return " ".join(out)
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+def read_manifest(data_dir: str | os.PathLike) -> dict:
+    """A web dataset's manifest, checked for format and version."""
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{data_dir}: no {MANIFEST}, so not a web dataset (or its collection was interrupted); "
+            f"record one with `rlvr-gym collect web --out {data_dir}`"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); collect the dataset again") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r}, this rlvr-gym reads "
+            f"{FORMAT!r} version {FORMAT_VERSION}; collect the dataset again"
+        )
+    return manifest
+
+
+def load_web_data(data_dir: str | os.PathLike) -> tuple[list[dict], dict]:
+    """All transitions of a web dataset in task order, and its manifest."""
+    manifest = read_manifest(data_dir)
+    records = []
+    for task, entry in manifest["tasks"].items():
+        path = Path(data_dir) / entry["file"]
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: listed in {MANIFEST} but missing; copy the whole dataset directory")
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                part = [json.loads(line) for line in f if line.strip()]
+        except (OSError, EOFError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: corrupt ({type(e).__name__}: {e}); collect the dataset again") from None
+        if len(part) != entry["transitions"]:
+            raise ValueError(f"{path}: holds {len(part)} transitions, {MANIFEST} says {entry['transitions']}")
+        records += part
+    return records, manifest
+
+
+def episodes_of(manifest: dict) -> dict[str, list[int]]:
+    """task -> MiniWoB seeds of the episodes a dataset holds."""
+    return {task: list(entry["seeds"]) for task, entry in manifest["tasks"].items()}
+
+
+def load_train_and_eval(data: str, eval_data: str) -> tuple[list[dict], dict, list[dict], dict | None]:
+    """Training records and manifest, and held-out records and manifest (none when eval_data is empty), checked to
+    share no episode."""
+    train, manifest = load_web_data(data)
+    if not train:
+        raise ValueError(f"{data} holds no transitions: collect more episodes")
+    if not eval_data:
+        return train, manifest, [], None
+    held_out, eval_manifest = load_web_data(eval_data)
+    check_disjoint_episodes(episodes_of(manifest), episodes_of(eval_manifest), data, eval_data)
+    return train, manifest, held_out, eval_manifest
+
+
+# ---------------------------------------------------------------------------------------------------- examples
+
+
+def transition_texts(records: Sequence[dict]) -> Iterator[str]:
+    for r in records:
+        yield prompt_text(r)
+        yield target_text(r)
+
+
+def encode_examples(
+    records: Sequence[dict], tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int, max_target_tokens: int
+) -> tuple[list[dict], dict]:
+    """Trainer examples (`prompt_ids`, `target_ids` ending in eos, and the columns `web_reward` reads), dropping
+    those over the limits; and the length distribution before dropping, overall and per task."""
+    prompts, targets = encode_prompts(tokenizer, records), encode_targets(tokenizer, records)
+    examples, dropped = [], {}
+    for r, p, y in zip(records, prompts, targets):
+        if len(p) > max_prompt_tokens or len(y) > max_target_tokens:
+            dropped[r["task"]] = dropped.get(r["task"], 0) + 1
+            continue
+        examples.append({
+            "prompt_ids": p, "target_ids": y, "tree_before": r["tree_before"], "tree_after": r["tree_after"],
+            "reward": r["reward"], "done": r["done"],
+        })  # fmt: skip
+    per_task = {}
+    for task in dict.fromkeys(r["task"] for r in records):
+        index = [i for i, r in enumerate(records) if r["task"] == task]
+        per_task[task] = {
+            "prompt_tokens": length_stats([len(prompts[i]) for i in index]),
+            "target_tokens": length_stats([len(targets[i]) for i in index]),
+            "dropped_too_long": dropped.get(task, 0),
+        }
+    stats = {
+        "prompt_tokens": length_stats([len(p) for p in prompts]),
+        "target_tokens": length_stats([len(y) for y in targets]),
+        "max_prompt_tokens": max_prompt_tokens,
+        "max_target_tokens": max_target_tokens,
+        "dropped_too_long": sum(dropped.values()),
+        "kept": len(examples),
+        "per_task": per_task,
+    }
+    return examples, stats
+
+
+def report_data(run_dir: Path, stats: dict, is_main: bool) -> None:
+    p, y = stats["prompt_tokens"], stats["target_tokens"]
+    log.info(
+        "prompt tokens median %.0f / p90 %.0f / max %d, target tokens median %.0f / p90 %.0f / max %d; "
+        "dropped %d over %d prompt or %d target tokens, kept %d",
+        p["median"], p["p90"], p["max"], y["median"], y["p90"], y["max"], stats["dropped_too_long"],
+        stats["max_prompt_tokens"], stats["max_target_tokens"], stats["kept"],
+    )  # fmt: skip
+    for task, s in stats["per_task"].items():
+        if s["dropped_too_long"]:
+            log.info("dropped %d of %d transitions of %s as too long", s["dropped_too_long"], s["prompt_tokens"]["n"], task)
+    if is_main:
+        atomic_write_text(run_dir / "data_stats.json", json.dumps(stats, indent=2))
+    if not stats["kept"]:
+        raise ValueError("every training example is over the length limits: raise --max-prompt-tokens / --max-target-tokens")
+
+
+def check_run(run_dir: Path, config: WebSFTConfig | WebRLVRConfig, is_main: bool) -> None:
+    """Refuse to start over a run with checkpoints without --resume, or to resume one with another config."""
+    if latest_checkpoint(run_dir) is not None and not config.resume:
+        raise FileExistsError(
+            f"{run_dir} already holds checkpoints: pass --resume to continue that run, or choose another --run-dir"
+        )
+    saved, current = run_dir / "web.json", json.loads(json.dumps(dataclasses.asdict(config)))  # tuples as lists
+    if config.resume and saved.is_file():
+        previous = json.loads(saved.read_text())
+        keys = (set(previous) | set(current)) - RESUMABLE_CHANGES
+        differing = sorted(k for k in keys if previous.get(k) != current.get(k))
+        if differing:
+            changes = ", ".join(f"{k}: {previous.get(k)!r} -> {current.get(k)!r}" for k in differing)
+            raise ValueError(f"cannot resume {run_dir} with a different config ({changes}); use a new --run-dir")
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(saved, json.dumps(current, indent=2))
+
+
+def held_out_evaluation(records: Sequence[dict], tokenizer, seen_tasks: Sequence[str], limit: int, seed: int,
+                        batch_size: int, max_new_tokens: int):  # fmt: skip
+    """The greedy web-metrics function for eval/ on a seeded sample of held-out records (None without any)."""
+    sample = subsample(records, limit, seed)
+    if not sample or limit <= 0:
+        return None
+
+    def eval_fn(model: torch.nn.Module) -> dict[str, float]:
+        return evaluate_model(model, tokenizer, sample, seen_tasks, batch_size, max_new_tokens)
+
+    return eval_fn
+
+
+def write_training_record(model_dir: Path, manifests: Sequence[tuple[str, dict]], base: dict | None = None) -> None:
+    """web_training.json beside a trained model: the tasks and episodes of its data (and of the model it started from)."""
+    seeds = {task: list(s) for task, s in (base or {}).get("seeds", {}).items()}
+    for _, manifest in manifests:
+        for task, task_seeds in episodes_of(manifest).items():
+            seeds[task] = sorted(set(seeds.get(task, [])) | set(task_seeds))
+    record = {
+        "tasks": sorted(t for t, s in seeds.items() if s),
+        "data": [*(base or {}).get("data", []), *(path for path, _ in manifests)],
+        "seeds": seeds,
+    }
+    atomic_write_text(model_dir / TRAINING_RECORD, json.dumps(record))
+
+
+# ---------------------------------------------------------------------------------------------------- SFT
+
+
+@dataclass
+class WebSFTConfig:
+    run_dir: str = "runs/web/sft"
+    """Directory of the run: init/, checkpoints/, logs, final/."""
+    data: str = "runs/web/train"
+    """Training set written by `rlvr-gym collect web`."""
+    eval_data: str = "runs/web/heldout"
+    """Held-out set (another collection seed; seen and held-out tasks) for eval/loss and eval/ metrics; empty: none."""
+    model: str = ""
+    """A local pretrained Hugging Face causal LM (with its tokenizer) to fine-tune unchanged; empty: train `size`
+    from scratch with a BPE tokenizer trained on the data."""
+    size: LlamaSize = field(
+        default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=8, intermediate_size=688, max_positions=1536)
+    )
+    """Shape of the from-scratch Llama (3.7M parameters with a 2,048-token vocabulary)."""
+    vocab_size: int = 2048
+    """Most tokens of the from-scratch byte-level BPE, special tokens included."""
+    max_prompt_tokens: int = 1024
+    """Examples with longer prompts are dropped, never cut (distribution: data_stats.json and the module docstring)."""
+    max_target_tokens: int = 512
+    """Examples with longer targets (eos included) are dropped, never cut."""
+    eval_predict_examples: int = 64
+    """Held-out transitions decoded greedily for eval/f1 and the rest at each evaluation (0: loss only)."""
+    eval_batch_size: int = 16
+    """Prompts decoded together during evaluation."""
+    seed: int = 0
+    """Seed of the model initialisation and of the evaluation sample."""
+    resume: bool = False
+    """Continue from the newest checkpoint in run_dir."""
+    sft: SFTConfig = field(
+        default_factory=lambda: SFTConfig(
+            steps=2000, lr=1e-3, warmup_steps=50, batch_size=16, micro_batch=8, save_every=100, eval_every=250,
+            eval_examples=128,
+        )
+    )  # fmt: skip
+    """The trainer's settings (its run_dir, model and resume are set from the fields above)."""
+
+
+def run_web_sft(config: WebSFTConfig) -> Path:
+    """Train a web world model by SFT on (task, tree, action) -> (diff, reward, done); returns the final model dir."""
+    root = Path(config.run_dir)
+    if not config.model and config.size.max_positions < config.max_prompt_tokens + config.max_target_tokens:
+        raise ValueError(
+            f"size.max_positions {config.size.max_positions} is below max_prompt_tokens + max_target_tokens "
+            f"({config.max_prompt_tokens} + {config.max_target_tokens}): raise --size.max-positions or lower the limits"
+        )
+    d = setup_processes(config.sft.threads)
+    check_run(root, config, d.is_main)
+    train, manifest, held_out, _ = load_train_and_eval(config.data, config.eval_data)
+    model_dir = Path(config.model) if config.model else root / "init"
+    if not config.model:
+        if d.is_main and not (config.resume and (model_dir / "tokenizer.json").is_file()):
+            tokenizer = train_tokenizer(transition_texts(train), config.vocab_size)
+            torch.manual_seed(config.seed)
+            model = build_llama(len(tokenizer), config.size, tokenizer)
+            log.info("from-scratch Llama: %.2fM parameters, vocabulary %d", parameter_count(model) / 1e6, len(tokenizer))
+            model.save_pretrained(model_dir)
+            tokenizer.save_pretrained(model_dir)
+        barrier(d)
+    tokenizer = load_tokenizer(model_dir)
+    examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.max_target_tokens)
+    report_data(root, stats, d.is_main)
+    loss_examples = []
+    if held_out and config.sft.eval_examples:
+        sample = subsample(held_out, config.sft.eval_examples, config.seed)
+        loss_examples, _ = encode_examples(sample, tokenizer, config.max_prompt_tokens, config.max_target_tokens)
+    seen_tasks = list(manifest["tasks"])
+    eval_fn = held_out_evaluation(held_out, tokenizer, seen_tasks, config.eval_predict_examples, config.seed,
+                                  config.eval_batch_size, config.max_target_tokens)  # fmt: skip
+    sft = SFTConfig(**{**vars(config.sft), "run_dir": str(root), "model": str(model_dir), "resume": config.resume})
+    final = train_sft(sft, examples, loss_examples, eval_fn)
+    if d.is_main:
+        write_training_record(final, [(config.data, manifest)])
+    barrier(d)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------------- RLVR
+
+
+@dataclass
+class WebRLVRConfig:
+    run_dir: str = "runs/web/rlvr"
+    """Directory of the run: checkpoints/, logs, final/."""
+    model: str = "runs/web/sft/final"
+    """The model to improve: the SFT run's final/ (or any checkpoint directory with its tokenizer)."""
+    data: str = "runs/web/train"
+    """Training set written by `rlvr-gym collect web` (its prompts; the reward reads the gold trees)."""
+    eval_data: str = "runs/web/heldout"
+    """Held-out set for eval/ metrics; empty: none."""
+    max_prompt_tokens: int = 1024
+    """Prompts longer than this are dropped; so are transitions whose gold target exceeds grpo.max_new_tokens."""
+    eval_predict_examples: int = 64
+    """Held-out transitions decoded greedily for eval/ metrics (0: none)."""
+    eval_batch_size: int = 16
+    """Prompts decoded together during evaluation."""
+    seed: int = 0
+    """Seed of the evaluation sample."""
+    resume: bool = False
+    """Continue from the newest checkpoint in run_dir."""
+    grpo: GRPOConfig = field(
+        default_factory=lambda: GRPOConfig(
+            steps=200, lr=1e-5, prompts_per_step=8, group_size=8, max_new_tokens=256, beta=1e-3, micro_batch=16,
+            save_every=20, eval_every=50,
+        )
+    )  # fmt: skip
+    """The trainer's settings (its run_dir, model and resume are set from the fields above)."""
+
+
+def run_web_rlvr(config: WebRLVRConfig) -> Path:
+    """Improve a web world model with GRPO on `web_reward` (0.8 item F1 + 0.1 reward + 0.1 done); returns final/."""
+    root = Path(config.run_dir)
+    d = setup_processes(config.grpo.threads)
+    check_run(root, config, d.is_main)
+    tokenizer = load_tokenizer(config.model)
+    train, manifest, held_out, eval_manifest = load_train_and_eval(config.data, config.eval_data)
+    base = read_training_record(config.model)
+    if base is not None and eval_manifest is not None:
+        check_disjoint_episodes(base["seeds"], episodes_of(eval_manifest), f"the training data of {config.model}",
+                                config.eval_data)  # fmt: skip
+    examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.grpo.max_new_tokens)
+    report_data(root, stats, d.is_main)
+    # The trainer hands every column but prompt_ids to the reward: keep what web_reward reads.
+    examples = [{k: e[k] for k in ("prompt_ids", "tree_before", "tree_after", "reward", "done")} for e in examples]
+    seen_tasks = sorted(set(manifest["tasks"]) | set(base["tasks"] if base else []))
+    eval_fn = held_out_evaluation(held_out, tokenizer, seen_tasks, config.eval_predict_examples, config.seed,
+                                  config.eval_batch_size, config.grpo.max_new_tokens)  # fmt: skip
+    grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(root), "model": config.model, "resume": config.resume})
+    final = train_grpo(grpo, web_reward, examples, eval_fn)
+    if d.is_main:
+        write_training_record(final, [(config.data, manifest)], base)
+    barrier(d)
+    return final
+
