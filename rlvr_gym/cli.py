@@ -19,6 +19,8 @@ def commands() -> dict[str, tuple[type, Callable, str]]:
     from rlvr_gym.data.episodes import CollectConfig, collect
     from rlvr_gym.data.rlds import ImportConfig, import_rt1
     from rlvr_gym.evaluation.robot import RT1EvalConfig, run_rt1_eval
+    from rlvr_gym.evaluation.textgame import TextGameEvalConfig, run_textgame_eval
+    from rlvr_gym.train import textgame
     from rlvr_gym.quickstart import QuickstartConfig, run_quickstart
     from rlvr_gym.train import robot
     from rlvr_gym.train.demo import DemoConfig, run_demo
@@ -32,6 +34,14 @@ def commands() -> dict[str, tuple[type, Callable, str]]:
         "train rt1-mle": (robot.RT1MLEConfig, robot.run_rt1_mle, "train the video world model by maximum likelihood"),
         "train rt1-rlvr": (robot.RT1RLVRConfig, robot.run_rt1_rlvr, "post-train the video world model with GRPO on -(L1 + LPIPS)"),
         "eval rt1": (RT1EvalConfig, run_rt1_eval, "score a video world model on fresh real episodes; prints one JSON line"),
+        "collect textworld": (textgame.TextWorldCollectConfig, textgame.run_collect_textworld,
+                              "play generated TextWorld games and write ByteSized32-format transitions"),
+        "train textgame-sft": (textgame.TextGameSFTConfig, textgame.run_textgame_sft,
+                               "SFT a text-game world model: (state, action) -> diff, BPE tokenizer trained on the data"),
+        "train textgame-rlvr": (textgame.TextGameRLVRConfig, textgame.run_textgame_rlvr,
+                                "GRPO a text-game world model on the binary or task reward"),
+        "eval textgame": (TextGameEvalConfig, run_textgame_eval,
+                          "text-game accuracy (overall / changed / unchanged) vs the no-change baseline; one JSON line"),
     }
 
 

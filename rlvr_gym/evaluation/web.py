@@ -259,9 +259,6 @@ def run_web_eval(config: WebEvalConfig) -> dict:
     if config.best_of < 1 or config.batch_size < 1 or config.max_new_tokens < 1:
         raise ValueError("best_of, batch_size and max_new_tokens must all be at least 1")
     torch.set_num_threads(config.threads)
-    model, tokenizer = load_model(config.checkpoint)
-    tokenizer = checked_tokenizer(tokenizer, config.checkpoint)
-    model.eval()
     training = read_training_record(config.checkpoint)
     if config.seen_tasks:
         seen_tasks = list(config.seen_tasks)
@@ -284,6 +281,10 @@ def run_web_eval(config: WebEvalConfig) -> dict:
         raise ValueError(f"no transitions to evaluate on from {source}")
     if training is not None:
         check_disjoint_episodes(training["seeds"], episodes, f"the training data of {config.checkpoint}", source)
+    # Loaded after collecting: collection workers fork, best before torch or tokenizers start their threads.
+    model, tokenizer = load_model(config.checkpoint)
+    tokenizer = checked_tokenizer(tokenizer, config.checkpoint)
+    model.eval()
     started = time.perf_counter()
     prompts = encode_prompts(tokenizer, records)
     if config.best_of == 1:

@@ -1,9 +1,11 @@
 """Frame tokenizer: 64x64 RGB frames <-> 8x8 = 64 tokens of an FSQ codebook, conditioned on a context frame.
 
 Why conditioned: with a plain tokenizer the reconstruction ceiling (26.4 dB here, CALIBRATION.md) caps every
-world-model metric below simply copying the last frame (25.6 dB). As in iVideoGPT, the encoder and decoder both
-see a real *context frame* (the episode's first frame) and the decoder adds its output to it, so the static scene is
-reproduced exactly and the 64 tokens only have to describe what moved: the gripper, the objects, the drawer.
+world-model metric below simply copying the last frame (25.6 dB). As in iVideoGPT, the decoder also sees a real
+*context frame* (the episode's first frame) through skip connections at every scale, so the static scene can be
+reproduced sharply. The encoder sees the target frame only, so tokens describe the whole scene (equal tokens mean
+an equal frame, which is what the repetition rate counts). In training the context is blanked for a fraction of
+the frames: a first version that always had it learned to copy the context and ignore its tokens.
 
 FSQ (Mentzer et al., 2023) instead of a VQ codebook: no codebook collapse and no commitment losses; levels
 (8, 5, 5, 5) give 1,000 codes.
@@ -20,10 +22,11 @@ from transformers import PretrainedConfig, PreTrainedModel
 class FrameTokenizerConfig(PretrainedConfig):
     model_type = "rlvr_frame_tokenizer"
 
-    def __init__(self, levels=(8, 5, 5, 5), channels=(32, 64, 128), image_size=64, **kwargs):
+    def __init__(self, levels=(8, 5, 5, 5), channels=(32, 64, 128), image_size=64, context_dropout=0.5, **kwargs):
         self.levels = list(levels)
         self.channels = list(channels)
         self.image_size = image_size
+        self.context_dropout = context_dropout
         super().__init__(**kwargs)
 
     @property
@@ -100,9 +103,8 @@ class FrameTokenizer(PreTrainedModel):
         super().__init__(config)
         chans = config.channels
         latent = len(config.levels)
-        # Encoder of the target frame stacked with its context frame.
         self.encoder = nn.Sequential(
-            *[down(c_in, c_out) for c_in, c_out in zip([6] + chans[:-1], chans)], ResBlock(chans[-1]), nn.Conv2d(chans[-1], latent, 1)
+            *[down(c_in, c_out) for c_in, c_out in zip([3] + chans[:-1], chans)], ResBlock(chans[-1]), nn.Conv2d(chans[-1], latent, 1)
         )
         # Context features at every decoder scale (U-Net skips from the context frame).
         self.context_stages = nn.ModuleList(down(c_in, c_out) for c_in, c_out in zip([3] + chans[:-1], chans))
@@ -127,8 +129,8 @@ class FrameTokenizer(PreTrainedModel):
     def to_uint8(images: torch.Tensor) -> torch.Tensor:
         return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
 
-    def encode_latents(self, target: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        z = self.encoder(torch.cat([target, context], 1))  # (N, C, h, w)
+    def encode_latents(self, target: torch.Tensor) -> torch.Tensor:
+        z = self.encoder(target)  # (N, C, h, w)
         return self.fsq(z.permute(0, 2, 3, 1))  # (N, h, w, C) codes
 
     def decode_codes(self, codes: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
@@ -139,17 +141,23 @@ class FrameTokenizer(PreTrainedModel):
         x = self.decoder_in(codes.permute(0, 3, 1, 2))
         for stage, skip in zip(self.up_stages, reversed(skips)):
             x = stage(torch.cat([x, skip], 1))
-        return context + self.decoder_out(torch.cat([x, context], 1))
+        return torch.sigmoid(self.decoder_out(torch.cat([x, context], 1)))
 
     def forward(self, frames: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Float frames and context (N, 3, H, W) in [0, 1] -> (reconstruction, token indices (N, h*w))."""
-        codes = self.encode_latents(frames, context)
+        """Float frames and context (N, 3, H, W) in [0, 1] -> (reconstruction, token indices (N, h*w)).
+
+        In training mode a `context_dropout` fraction of the contexts is blanked, so the tokens must carry the frame.
+        """
+        codes = self.encode_latents(frames)
+        if self.training and self.config.context_dropout > 0:
+            keep = torch.rand(len(context), 1, 1, 1, device=context.device) >= self.config.context_dropout
+            context = context * keep
         return self.decode_codes(codes, context), self.fsq.to_indices(codes).flatten(1)
 
     @torch.no_grad()
-    def encode(self, frames: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        """uint8 frames (N, H, W, 3) and their context frames -> token ids (N, tokens_per_frame)."""
-        codes = self.encode_latents(self.to_float(frames), self.to_float(context))
+    def encode(self, frames: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 frames (N, H, W, 3) -> token ids (N, tokens_per_frame); tokens do not depend on the context."""
+        codes = self.encode_latents(self.to_float(frames))
         return self.fsq.to_indices(codes).flatten(1)
 
     @torch.no_grad()

@@ -237,8 +237,9 @@ def episode_results(
                 if recorder.env is not env:
                     recorder.close()
             return
-        # spawn, not fork: a forked child would share the parent's Selenium and logging state.
-        pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _init_worker, (max_steps,))
+        # fork, not spawn: a spawned worker would import torch and transformers again (seconds each) to unpickle
+        # its job function; the parent holds no browser and has not used torch's or tokenizers' threads yet.
+        pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), _init_worker, (max_steps,))
         try:
             for job, result in zip(jobs, pool.map(_run_in_worker, jobs)):
                 count += len(result[0])
@@ -249,8 +250,7 @@ def episode_results(
             pool.shutdown(cancel_futures=True)
     except BrokenProcessPool:
         raise RuntimeError(
-            "a collection worker died; rerun with --workers 1 to see why. A script that calls collect_web() with "
-            "workers > 1 must do so under `if __name__ == '__main__':` (workers are spawned and import it)"
+            "a collection worker died; rerun with --workers 1 to see why"
         ) from None
     finally:
         bar.close()

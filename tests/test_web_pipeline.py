@@ -1,0 +1,217 @@
+"""The web world-model pipeline on real MiniWoB++ transitions: collect, tokenizer, SFT, RLVR, evaluation.
+
+One browser records a small training set and a held-out set (another seed, one task never trained on); everything
+else runs on what it recorded, with a tiny Llama.
+"""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envs.web import WebTaskEnv, browser_available
+from rlvr_gym.domains.web import item_f1, make_diff
+from rlvr_gym.evaluation.web import TRAINING_RECORD, WebEvalConfig, prompt_text, run_web_eval, target_text
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, load_model
+from rlvr_gym.train.grpo import GRPOConfig
+from rlvr_gym.train.run import read_log
+from rlvr_gym.train.sft import SFTConfig
+from rlvr_gym.train.textgame import train_tokenizer
+from rlvr_gym.train.web import (
+    HELDOUT_TASKS,
+    SEEDS_PER_RUN,
+    TRAIN_TASKS,
+    WebCollectConfig,
+    WebRLVRConfig,
+    WebSFTConfig,
+    collect_web,
+    load_train_and_eval,
+    load_web_data,
+    run_web_rlvr,
+    run_web_sft,
+    transition_texts,
+)
+
+pytestmark = pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = ("click-test-2", "login-user")
+HELDOUT = ("click-test-2", "enter-text")
+TINY = LlamaSize(hidden_size=32, layers=1, heads=2, intermediate_size=64, max_positions=1536)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("web")
+    env = WebTaskEnv(TRAIN[0])
+    try:
+        train = collect_web(WebCollectConfig(out=str(root / "train"), tasks=TRAIN, episodes=2, seed=0, max_steps=6,
+                                             workers=1), env)  # fmt: skip
+        held_out = collect_web(WebCollectConfig(out=str(root / "heldout"), tasks=HELDOUT, episodes=2, seed=1,
+                                                max_steps=6, workers=1), env)  # fmt: skip
+    finally:
+        env.close()
+    return train, held_out
+
+
+def sft_config(data, run_dir, **kw) -> WebSFTConfig:
+    train, held_out = data
+    return WebSFTConfig(
+        run_dir=str(run_dir), data=str(train), eval_data=str(held_out), size=TINY, vocab_size=400,
+        eval_predict_examples=4, eval_batch_size=4, max_target_tokens=512,
+        sft=SFTConfig(steps=3, batch_size=4, micro_batch=4, save_every=2, eval_examples=4), **kw,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sft_run(data, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("sft")
+    run_web_sft(sft_config(data, run_dir))
+    return run_dir
+
+
+def test_default_split_holds_out_two_tasks():
+    assert len(TRAIN_TASKS) == 11 and len(HELDOUT_TASKS) == 2 and not set(TRAIN_TASKS) & set(HELDOUT_TASKS)
+
+
+def test_collect_writes_task_files_and_a_manifest_that_read_back(data):
+    train, held_out = data
+    records, manifest = load_web_data(train)
+    assert list(manifest["tasks"]) == list(TRAIN) and manifest["transitions"] == len(records) > 0
+    for task, entry in manifest["tasks"].items():
+        assert entry["seeds"] == [0, 1] and not entry["failed_seeds"]
+        with gzip.open(train / entry["file"], "rt") as f:
+            assert sum(1 for _ in f) == entry["transitions"] == sum(r["task"] == task for r in records) > 0
+    assert manifest["command"].startswith("rlvr-gym collect web --out ") and "--seed 0" in manifest["command"]
+    for r in records:
+        assert {"utterance", "tree_before", "action", "tree_after", "reward", "done", "task", "seed", "skill"} <= set(r)
+        assert r["seed"] in (0, 1) and 1 <= r["step"] <= 6
+    episode = [r for r in records if r["task"] == "login-user" and r["seed"] == 0]
+    assert [r["step"] for r in episode] == list(range(1, len(episode) + 1))
+    assert all(a["tree_after"] == b["tree_before"] for a, b in zip(episode, episode[1:]))
+    _, held = load_web_data(held_out)
+    assert held["tasks"]["enter-text"]["seeds"] == [SEEDS_PER_RUN, SEEDS_PER_RUN + 1]
+
+
+def test_train_and_held_out_sets_must_not_share_an_episode(data):
+    train, held_out = data
+    load_train_and_eval(str(train), str(held_out))
+    with pytest.raises(ValueError, match="share .* episodes .*another --seed"):
+        load_train_and_eval(str(train), str(train))
+
+
+def test_tokenizer_round_trips_prompts_and_targets_and_keeps_ids_short(data):
+    records, _ = load_web_data(data[0])
+    texts = list(transition_texts(records))
+    tokenizer = train_tokenizer(texts, 400)
+    for text in texts:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert tokenizer.decode(ids) == text
+    ids = {line.split("]")[0].strip() + "]" for r in records for line in r["tree_after"].split("\n")}
+    for element_id in ids:  # "[", the number as one token, "]"
+        assert len(tokenizer.encode(element_id, add_special_tokens=False)) <= 3, element_id
+
+
+def test_sft_gives_a_loadable_checkpoint_with_its_training_record(sft_run, data):
+    model, tokenizer = load_model(sft_run / "final")
+    assert model.config.vocab_size == len(tokenizer) <= 400
+    records, _ = load_web_data(data[0])
+    text = prompt_text(records[0]) + target_text(records[0])
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    stats = json.loads((sft_run / "data_stats.json").read_text())
+    assert stats["kept"] + stats["dropped_too_long"] == len(records) and stats["prompt_tokens"]["median"] > 0
+    assert set(stats["per_task"]) == set(TRAIN)
+    log = read_log(sft_run)
+    assert [r["step"] for r in log if "train/loss" in r] == [1, 2, 3]
+    assert {"eval/loss", "eval/f1", "eval/seen_f1", "eval/heldout_nochange_f1"} <= set(log[-1])
+    record = json.loads((sft_run / "final" / TRAINING_RECORD).read_text())
+    assert record["tasks"] == sorted(TRAIN) and record["seeds"]["login-user"] == [0, 1]
+
+
+def test_sft_resume_continues_and_refuses_other_settings(sft_run, data):
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_web_sft(sft_config(data, sft_run))
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        run_web_sft(sft_config(data, sft_run, resume=True, max_prompt_tokens=900))
+    config = sft_config(data, sft_run, resume=True)
+    config.sft.steps = 4
+    run_web_sft(config)
+    assert [r["step"] for r in read_log(sft_run) if "train/loss" in r] == [1, 2, 3, 4]
+
+
+def test_rlvr_two_steps_log_reward_and_parse_failures(sft_run, data, tmp_path):
+    train, held_out = data
+    config = WebRLVRConfig(
+        run_dir=str(tmp_path), model=str(sft_run / "final"), data=str(train), eval_data=str(held_out),
+        eval_predict_examples=2, eval_batch_size=2,
+        grpo=GRPOConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=96, lr=1e-4, save_every=2),
+    )  # fmt: skip
+    final = run_web_rlvr(config)
+    assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
+    trained = [r for r in read_log(tmp_path) if "reward/mean" in r]
+    assert [r["step"] for r in trained] == [1, 2]
+    for r in trained:
+        assert 0 <= r["reward/parse_failure_rate"] <= 1 and 0 <= r["reward/mean"] <= 1
+    assert json.loads((final / TRAINING_RECORD).read_text())["tasks"] == sorted(TRAIN)
+
+
+def test_eval_on_a_recorded_set_reports_every_metric_and_the_no_change_baseline(sft_run, data):
+    records, _ = load_web_data(data[1])
+    result = run_web_eval(WebEvalConfig(checkpoint=str(sft_run / "final"), data=str(data[1]), max_new_tokens=64))
+    json.dumps(result)
+    for prefix in ("", "seen_", "heldout_"):
+        for key in ("precision", "recall", "f1", "reward_accuracy", "done_accuracy", "parse_failure_rate", "n",
+                    "nochange_f1"):  # fmt: skip
+            assert result[prefix + key] is not None, prefix + key
+    assert result["n"] == len(records) == result["seen_n"] + result["heldout_n"]
+    assert result["heldout_n"] == sum(r["task"] == "enter-text" for r in records) > 0
+    empty = {"new": [], "deleted": [], "updated": []}
+    by_hand = [item_f1(empty, make_diff(r["tree_before"], r["tree_after"])) for r in records]
+    assert result["nochange_f1"] == pytest.approx(sum(by_hand) / len(by_hand))
+    held = [f for f, r in zip(by_hand, records) if r["task"] == "enter-text"]
+    assert result["heldout_nochange_f1"] == pytest.approx(sum(held) / len(held))
+    # a transition that changes the page scores 0 for "no change", one that does not scores 1
+    changed = next(r for r in records if any(make_diff(r["tree_before"], r["tree_after"]).values()))
+    assert item_f1(empty, make_diff(changed["tree_before"], changed["tree_after"])) == 0.0
+    assert 0 <= result["f1"] <= 1 and 0 <= result["parse_failure_rate"] <= 1
+
+
+def test_eval_refuses_episodes_the_model_was_trained_on(sft_run, data):
+    with pytest.raises(ValueError, match="share"):
+        run_web_eval(WebEvalConfig(checkpoint=str(sft_run / "final"), data=str(data[0])))
+
+
+def test_bad_paths_give_clear_errors(sft_run, data, tmp_path):
+    with pytest.raises(FileNotFoundError, match="collect web --out"):
+        load_web_data(tmp_path / "nothing")
+    with pytest.raises(FileNotFoundError, match="collect web"):
+        run_web_sft(sft_config((tmp_path / "nothing", data[1]), tmp_path / "run"))
+    with pytest.raises(CheckpointError, match="neither a directory"):
+        run_web_eval(WebEvalConfig(checkpoint=str(tmp_path / "no-model"), data=str(data[1])))
+    with pytest.raises(CheckpointError):
+        run_web_rlvr(WebRLVRConfig(run_dir=str(tmp_path / "rl"), model=str(tmp_path), data=str(data[0]), eval_data=""))
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        collect_web(WebCollectConfig(out=str(data[0]), tasks=TRAIN, episodes=1))
+    with pytest.raises(ValueError, match="unknown or no tasks"):
+        collect_web(WebCollectConfig(out=str(tmp_path / "c"), tasks=("no-such-task",), episodes=1))
+
+
+@pytest.mark.slow
+def test_sft_under_torchrun_trains_the_tokenizer_once(data, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--run-dir", str(run_dir), "--data", str(data[0]), "--eval-data", "", "--vocab-size", "400",
+            "--size.hidden-size", "32", "--size.layers", "1", "--size.heads", "2", "--size.intermediate-size", "64",
+            "--sft.steps", "2", "--sft.batch-size", "1", "--sft.micro-batch", "1"]  # fmt: skip
+    script = "import sys, tyro, torch\nfrom rlvr_gym.train.web import WebSFTConfig, run_web_sft\n" \
+             "run_web_sft(tyro.cli(WebSFTConfig, args=sys.argv[1:]))\ntorch.distributed.destroy_process_group()\n"
+    (tmp_path / "worker.py").write_text(script)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+               str(tmp_path / "worker.py")]  # fmt: skip
+    result = subprocess.run(command + args, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in read_log(run_dir) if "train/loss" in r] == [1, 2]
+    assert (run_dir / "init" / "tokenizer.json").is_file() and (run_dir / "final" / TRAINING_RECORD).is_file()
