@@ -175,3 +175,15 @@ def test_evaluation_reports_model_and_baselines(tiny_world):
                 "copy_last_frame_psnr", "tokenizer_ceiling_psnr", "multi_step2_copy_psnr"):
         assert key in line
     assert single["tokenizer_ceiling"]["mse"] >= 0 and single["real_repetition_rate"] <= 1
+
+
+def test_half_precision_checkpoints_load_back_as_float32(tiny_world, tmp_path):
+    _, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    small = world.save(tmp_path / "fp16", dtype=torch.float16)
+    assert next(world.lm.parameters()).dtype == torch.float32, "saving in fp16 leaves the model in memory as it was"
+    size = lambda d: sum(f.stat().st_size for f in d.rglob("*.safetensors"))  # noqa: E731
+    assert size(small) < 0.6 * size(world_dir)
+    loaded = RobotWorldModel.load(small)
+    assert next(loaded.lm.parameters()).dtype == torch.float32
+    assert next(loaded.frame_tokenizer.parameters()).dtype == torch.float32

@@ -36,7 +36,7 @@ def load_frame_tokenizer(path: str | os.PathLike) -> FrameTokenizer:
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} holds no frame tokenizer (config.json missing)")
     try:
-        return FrameTokenizer.from_pretrained(path).eval()
+        return FrameTokenizer.from_pretrained(path, dtype=torch.float32).eval()
     except Exception as error:
         raise CheckpointError(f"frame tokenizer in {path} could not be loaded ({type(error).__name__}: {error})") from error
 
@@ -79,11 +79,14 @@ class RobotWorldModel:
         lm, _ = load_model(resolve_checkpoint(path / "lm"))
         return cls(lm, load_frame_tokenizer(path / "frame_tokenizer"), WorldModelSettings(**meta["settings"]))
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
+        """Write the checkpoint directory; dtype=torch.float16 halves it for shipping (loading casts back)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.lm.save_pretrained(path / "lm", safe_serialization=True)
-        self.frame_tokenizer.save_pretrained(path / "frame_tokenizer", safe_serialization=True)
+        for module, name in ((self.lm, "lm"), (self.frame_tokenizer, "frame_tokenizer")):
+            original = next(module.parameters()).dtype
+            module.to(dtype).save_pretrained(path / name, safe_serialization=True)
+            module.to(original)
         (path / "world_model.json").write_text(json.dumps({"layout": LAYOUT, "settings": asdict(self.settings)}, indent=2))
         return path
 

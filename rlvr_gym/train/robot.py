@@ -152,7 +152,7 @@ class RT1MLEConfig:
     """Frames per training sequence (1 prompt frame + window-1 predicted)."""
     context_steps: int = 2
     """Past steps the world model sees when it predicts (rollouts slide this window)."""
-    size: LlamaSize = field(default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=4, intermediate_size=688, max_positions=1024))
+    size: LlamaSize = field(default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=4, intermediate_size=512, max_positions=1024))
     """Transformer shape (trained from scratch)."""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=3000, lr=1e-3, batch_size=16, micro_batch=16, save_every=200, warmup_steps=100))
     """Trainer settings (run_dir and model are set from `out`)."""

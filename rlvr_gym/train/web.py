@@ -40,7 +40,6 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing.util import Finalize
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -48,7 +47,9 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from envs.web import TASKS
+from envs.web import TASKS, WebTaskEnv, record_transitions
+from envs.web.env import BROWSER_ERRORS
+from envs.web.solvers import EXPERTS
 from rlvr_gym.domains.web import web_reward
 from rlvr_gym.evaluation.textgame import load_tokenizer
 from rlvr_gym.evaluation.web import (
@@ -67,9 +68,6 @@ from rlvr_gym.train.grpo import GRPOConfig, train_grpo
 from rlvr_gym.train.run import atomic_write_text, barrier, latest_checkpoint, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
 from rlvr_gym.train.textgame import length_stats, train_tokenizer
-
-if TYPE_CHECKING:
-    from envs.web import WebTaskEnv
 
 log = logging.getLogger("rlvr_gym")
 
@@ -115,12 +113,12 @@ def collect_web(config: WebCollectConfig, env: WebTaskEnv | None = None) -> Path
     config's max_steps).
     """
     out = Path(config.out)
-    if (out / MANIFEST).exists() and not config.overwrite:
-        raise FileExistsError(f"{out} already holds a web dataset ({MANIFEST}): pick another --out or pass --overwrite")
     if env is not None and config.workers != 1:
         raise ValueError("a browser passed in records alone: set workers to 1")
     check_collection(config.tasks, config.episodes, config.seed, config.skills, config.max_steps, config.workers)
     if (out / MANIFEST).exists():
+        if not config.overwrite:
+            raise FileExistsError(f"{out} already holds a web dataset ({MANIFEST}): pick another --out or pass --overwrite")
         for entry in read_manifest(out)["tasks"].values():
             (out / entry["file"]).unlink(missing_ok=True)
         (out / MANIFEST).unlink()
@@ -192,8 +190,6 @@ def collect_records(
 
 def check_collection(tasks: Sequence[str], episodes: int, seed: int, skills: Sequence[float], max_steps: int,
                      workers: int) -> None:  # fmt: skip
-    from envs.web.solvers import EXPERTS
-
     unknown = [t for t in tasks if t not in EXPERTS]
     if unknown or not tasks:
         raise ValueError(f"unknown or no tasks {unknown}: choose from {', '.join(TASKS)}")
@@ -266,16 +262,11 @@ class _Recorder:
             env.max_steps = max_steps
 
     def __call__(self, job: Job) -> tuple[list[dict], str | None]:
-        from envs.web import record_transitions
-        from envs.web.env import BROWSER_ERRORS
-
         task, seed, skill = job
         error = None
         for _ in range(2):
             try:
                 if self.env is None:
-                    from envs.web import WebTaskEnv
-
                     self.env = WebTaskEnv(task, max_steps=self.max_steps)
                 return list(record_transitions([task], 1, seed, (skill,), env=self.env)), None
             except (*BROWSER_ERRORS, RuntimeError) as e:
