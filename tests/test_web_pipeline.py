@@ -20,7 +20,6 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize, load_model
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.run import read_log
 from rlvr_gym.train.sft import SFTConfig
-from rlvr_gym.train.textgame import train_tokenizer
 from rlvr_gym.train.web import (
     HELDOUT_TASKS,
     SEEDS_PER_RUN,
@@ -33,6 +32,7 @@ from rlvr_gym.train.web import (
     load_web_data,
     run_web_rlvr,
     run_web_sft,
+    train_web_tokenizer,
     transition_texts,
 )
 
@@ -103,16 +103,20 @@ def test_train_and_held_out_sets_must_not_share_an_episode(data):
         load_train_and_eval(str(train), str(train))
 
 
-def test_tokenizer_round_trips_prompts_and_targets_and_keeps_ids_short(data):
+def test_tokenizer_round_trips_and_makes_element_ids_single_tokens(data):
     records, _ = load_web_data(data[0])
     texts = list(transition_texts(records))
-    tokenizer = train_tokenizer(texts, 400)
-    for text in texts:
+    tokenizer = train_web_tokenizer(texts, 1000)
+    for text in texts + ["Task: unseen ünïcode 🙂 [12345] x: true\n\t\t[7] button 'ok' hidden: true"]:
         ids = tokenizer.encode(text, add_special_tokens=False)
-        assert tokenizer.decode(ids) == text
-    ids = {line.split("]")[0].strip() + "]" for r in records for line in r["tree_after"].split("\n")}
-    for element_id in ids:  # "[", the number as one token, "]"
-        assert len(tokenizer.encode(element_id, add_special_tokens=False)) <= 3, element_id
+        assert tokenizer.unk_token_id not in ids and tokenizer.decode(ids) == text
+    element_ids = {line.split("]")[0].strip() + "]" for r in records for line in r["tree_after"].split("\n")}
+    assert len(element_ids) > 3
+    for element_id in element_ids:
+        assert len(tokenizer.encode(element_id, add_special_tokens=False)) == 1, element_id
+    assert len(tokenizer.encode(" hidden: true", add_special_tokens=False)) == 1
+    specials = [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id]
+    assert tokenizer.convert_ids_to_tokens(specials) == ["<pad>", "<s>", "</s>"]
 
 
 def test_sft_gives_a_loadable_checkpoint_with_its_training_record(sft_run, data):

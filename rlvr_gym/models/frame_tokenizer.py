@@ -84,15 +84,19 @@ class FSQ(nn.Module):
 class ResBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
+        self.norm1 = nn.GroupNorm(8, channels)
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.norm2 = nn.GroupNorm(8, channels)
         self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv2(F.silu(self.conv1(F.silu(x))))
+        return x + self.conv2(F.silu(self.norm2(self.conv1(F.silu(self.norm1(x))))))
 
 
 def down(c_in: int, c_out: int) -> nn.Module:
-    return nn.Sequential(nn.Conv2d(c_in, c_out, 4, stride=2, padding=1), nn.SiLU())
+    # Group norms keep the latent scale steady: without them Adam inflated the encoder until every latent saturated
+    # FSQ's tanh and all frames mapped to one code.
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 4, stride=2, padding=1), nn.GroupNorm(8, c_out), nn.SiLU())
 
 
 class FrameTokenizer(PreTrainedModel):
@@ -104,7 +108,8 @@ class FrameTokenizer(PreTrainedModel):
         chans = config.channels
         latent = len(config.levels)
         self.encoder = nn.Sequential(
-            *[down(c_in, c_out) for c_in, c_out in zip([3] + chans[:-1], chans)], ResBlock(chans[-1]), nn.Conv2d(chans[-1], latent, 1)
+            *[down(c_in, c_out) for c_in, c_out in zip([3] + chans[:-1], chans)], ResBlock(chans[-1]),
+            nn.GroupNorm(8, chans[-1]), nn.Conv2d(chans[-1], latent, 1),
         )
         # Context features at every decoder scale (U-Net skips from the context frame).
         self.context_stages = nn.ModuleList(down(c_in, c_out) for c_in, c_out in zip([3] + chans[:-1], chans))
@@ -112,11 +117,18 @@ class FrameTokenizer(PreTrainedModel):
         ups = []
         for i in range(len(chans) - 1, -1, -1):
             c_out = chans[i - 1] if i > 0 else chans[0]
-            ups.append(nn.Sequential(nn.Conv2d(2 * chans[i], 4 * c_out, 3, padding=1), nn.PixelShuffle(2), nn.SiLU()))
+            ups.append(nn.Sequential(nn.Conv2d(2 * chans[i], 4 * c_out, 3, padding=1), nn.PixelShuffle(2),
+                                     nn.GroupNorm(8, c_out), nn.SiLU()))
         self.up_stages = nn.ModuleList(ups)
         self.decoder_out = nn.Conv2d(chans[0] + 3, 3, 3, padding=1)
         self.fsq = FSQ(config.levels)
         self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # PyTorch's default (Kaiming-uniform) init: the library's N(0, 0.02) starves this conv net, the latents stay
+        # near zero and FSQ collapses to a single code (seen in a first training run).
+        if isinstance(module, nn.Conv2d):
+            module.reset_parameters()
 
     @staticmethod
     def to_float(frames: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ class TokenizerConfig(RUN.RunConfig):
     """Held-out episodes for eval/psnr (optional)."""
     steps: int = 3000
     """Optimizer steps."""
-    lr: float = 1e-3
+    lr: float = 5e-4
     """Peak learning rate (AdamW)."""
     warmup_steps: int = 100
     """Linear warm-up steps."""

@@ -34,7 +34,7 @@ import logging
 import multiprocessing
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -45,7 +45,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from envs.web import TASKS, WebTaskEnv, record_transitions
 from envs.web.env import BROWSER_ERRORS
@@ -67,7 +68,7 @@ from rlvr_gym.models.lm import LlamaSize, build_llama, parameter_count
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
 from rlvr_gym.train.run import atomic_write_text, barrier, latest_checkpoint, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
-from rlvr_gym.train.textgame import length_stats, train_tokenizer
+from rlvr_gym.train.textgame import SPECIAL_TOKENS, length_stats
 
 log = logging.getLogger("rlvr_gym")
 
@@ -372,6 +373,36 @@ def load_train_and_eval(data: str, eval_data: str) -> tuple[list[dict], dict, li
     return train, manifest, held_out, eval_manifest
 
 
+# ---------------------------------------------------------------------------------------------------- tokens
+
+# GPT-2's pre-tokenizer pattern, after two of ours: an element id `[12]` and a state property ` hidden: true` are
+# single pre-tokens, so BPE can make each one token (GPT-2's pattern splits them into 3 and 4 pieces). On the
+# held-out set this cuts prompt + target tokens by 25% at a 2,048-token vocabulary.
+TREE_PRETOKENS = r"\[\d+\]| [a-z]+: (?:true|false|\d+)|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
+def train_web_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on the texts, with tree ids and state properties as pre-tokens, and <pad>, <s> (bos),
+    </s> (eos); any text encodes, none is unknown."""
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(TREE_PRETOKENS), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(texts, trainer)
+    pad, bos, eos = SPECIAL_TOKENS
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=pad, bos_token=bos, eos_token=eos, clean_up_tokenization_spaces=False
+    )
+
+
 # ---------------------------------------------------------------------------------------------------- examples
 
 
@@ -534,7 +565,7 @@ def run_web_sft(config: WebSFTConfig) -> Path:
     model_dir = Path(config.model) if config.model else root / "init"
     if not config.model:
         if d.is_main and not (config.resume and (model_dir / "tokenizer.json").is_file()):
-            tokenizer = train_tokenizer(transition_texts(train), config.vocab_size)
+            tokenizer = train_web_tokenizer(transition_texts(train), config.vocab_size)
             torch.manual_seed(config.seed)
             model = build_llama(len(tokenizer), config.size, tokenizer)
             log.info("from-scratch Llama: %.2fM parameters, vocabulary %d", parameter_count(model) / 1e6, len(tokenizer))
