@@ -187,3 +187,12 @@ def test_half_precision_checkpoints_load_back_as_float32(tiny_world, tmp_path):
     loaded = RobotWorldModel.load(small)
     assert next(loaded.lm.parameters()).dtype == torch.float32
     assert next(loaded.frame_tokenizer.parameters()).dtype == torch.float32
+
+
+def test_a_fresh_tokenizer_spreads_real_frames_over_many_codes(tiny_world):
+    # Guards against the collapse seen in a first design: every latent saturated and all frames became one code.
+    root, _ = tiny_world
+    frames = torch.as_tensor(np.concatenate([e.frames for e in load_episodes(root / "train")]))
+    torch.manual_seed(0)
+    tokens = FrameTokenizer(FrameTokenizerConfig()).encode(frames)
+    assert tokens.unique().numel() > 50

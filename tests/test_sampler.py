@@ -104,3 +104,14 @@ def test_bad_requests_raise_clear_errors():
         sample(model, [[1]], SamplingConfig(max_new_tokens=4), forced=[{9: 1}])
     with pytest.raises(ValueError, match="forced has"):
         sample(model, [[1], [2]], SamplingConfig(), forced=[{}])
+
+
+def test_sampled_tokens_follow_the_model_distribution():
+    from rlvr_gym.models.sampler import next_tokens
+
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    logits = probs.log().repeat(20_000, 1)
+    tokens = next_tokens(logits, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=4).float() / len(tokens)
+    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
+    assert freq[3] == 0, "a token of probability 0 is never drawn"

@@ -36,7 +36,9 @@ from rlvr_gym.train.web import (
     transition_texts,
 )
 
-pytestmark = pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
+pytestmark = pytest.mark.skipif(
+    not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)"
+)
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = ("click-test-2", "login-user")
 HELDOUT = ("click-test-2", "enter-text")
@@ -59,11 +61,12 @@ def data(tmp_path_factory):
 
 def sft_config(data, run_dir, **kw) -> WebSFTConfig:
     train, held_out = data
-    return WebSFTConfig(
+    settings = dict(
         run_dir=str(run_dir), data=str(train), eval_data=str(held_out), size=TINY, vocab_size=400,
         eval_predict_examples=4, eval_batch_size=4, max_target_tokens=512,
-        sft=SFTConfig(steps=3, batch_size=4, micro_batch=4, save_every=2, eval_examples=4), **kw,
+        sft=SFTConfig(steps=3, batch_size=4, micro_batch=4, save_every=2, eval_examples=4),
     )  # fmt: skip
+    return WebSFTConfig(**{**settings, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +117,7 @@ def test_tokenizer_round_trips_and_makes_element_ids_single_tokens(data):
     assert len(element_ids) > 3
     for element_id in element_ids:
         assert len(tokenizer.encode(element_id, add_special_tokens=False)) == 1, element_id
-    assert len(tokenizer.encode(" hidden: true", add_special_tokens=False)) == 1
+    assert len(tokenizer.encode(" focused: true", add_special_tokens=False)) == 1
     specials = [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id]
     assert tokenizer.convert_ids_to_tokens(specials) == ["<pad>", "<s>", "</s>"]
 
@@ -144,6 +147,14 @@ def test_sft_resume_continues_and_refuses_other_settings(sft_run, data):
     config.sft.steps = 4
     run_web_sft(config)
     assert [r["step"] for r in read_log(sft_run) if "train/loss" in r] == [1, 2, 3, 4]
+
+
+def test_sft_from_a_local_pretrained_model_keeps_its_tokenizer(sft_run, data, tmp_path):
+    config = sft_config(data, tmp_path, model=str(sft_run / "final"), eval_data="")
+    config.sft.steps = 1
+    final = run_web_sft(config)
+    assert not (tmp_path / "init").exists() and [r["step"] for r in read_log(tmp_path)] == [1]
+    assert load_model(final)[1].get_vocab() == load_model(sft_run / "final")[1].get_vocab()
 
 
 def test_rlvr_two_steps_log_reward_and_parse_failures(sft_run, data, tmp_path):

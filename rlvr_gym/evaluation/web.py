@@ -107,7 +107,7 @@ def best_by_web_reward(samples: Sequence[Sequence[str]], records: Sequence[dict]
     chosen = []
     for texts, r in zip(samples, records):
         n = len(texts)
-        rows = web_reward(list(texts), [r["tree_before"]] * n, [r["tree_after"]] * n, [r["reward"]] * n, [r["done"]] * n)
+        rows = score_rows(texts, [r] * n)
         chosen.append(texts[max(range(n), key=lambda k: rows[k]["score"])])
     return chosen
 
@@ -170,7 +170,8 @@ def evaluate_model(
     batch_size: int = 16,
     max_new_tokens: int = 512,
 ) -> dict[str, float]:
-    """Greedy `web_metrics` of a model on recorded transitions, finite values only (what the trainers log under eval/)."""
+    """Greedy `web_metrics` of a model on recorded transitions, finite values only (the trainers log them under
+    eval/)."""
     preds = [p[0] for p in predict(model, tokenizer, encode_prompts(tokenizer, records), batch_size, max_new_tokens)]
     metrics = web_metrics(preds, records, seen_tasks)
     return {k: float(v) for k, v in metrics.items() if math.isfinite(v)}

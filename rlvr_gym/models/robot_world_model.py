@@ -90,6 +90,15 @@ class RobotWorldModel:
         (path / "world_model.json").write_text(json.dumps({"layout": LAYOUT, "settings": asdict(self.settings)}, indent=2))
         return path
 
+    def ship(self, source_dir: str | os.PathLike, name: str, card: str) -> Path:
+        """Write this model as a shipped checkpoint (fp16) under rlvr_gym/checkpoints/NAME with its card and states."""
+        import shutil
+
+        target = self.save(SHIPPED_DIR / name, dtype=torch.float16)
+        shutil.copy2(Path(source_dir) / "initial_states.npz", target / "initial_states.npz")
+        (target / "CARD.md").write_text(card)
+        return target
+
     # ------------------------------------------------------------------------------------------ frames
 
     def encode(self, frames: np.ndarray, context: np.ndarray) -> np.ndarray:

