@@ -157,3 +157,24 @@ def test_two_processes_under_torchrun_shard_prompts_and_average_metrics(tmp_path
         mean = (seen[0][step]["reward"] + seen[1][step]["reward"]) / 2
         assert log[step + 1]["reward/mean"] == pytest.approx(mean), "logged metrics are averaged over ranks"
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_empty_completions_are_scored_and_counted_not_fatal(tmp_path, init_model):
+    from rlvr_gym.train.demo import sorted_digits_reward
+
+    tokenizer = char_tokenizer()
+    only_eos = torch.zeros((4, len(tokenizer)), dtype=torch.bool)
+    only_eos[:, tokenizer.eos_token_id] = True  # every completion ends at once: it decodes to ""
+    seen = []
+
+    def reward(completions, **columns):
+        seen.extend(completions)
+        return sorted_digits_reward(completions, **columns)
+
+    config = GRPOConfig(run_dir=str(tmp_path), model=str(init_model), steps=2, prompts_per_step=2, group_size=2,
+                        max_new_tokens=4, beta=0.0)
+    train_grpo(config, reward, examples(), allowed_tokens=only_eos)
+    assert seen and set(seen) == {""}
+    log = [r for r in read_log(tmp_path) if "reward/mean" in r]
+    assert [r["reward/parse_failure_rate"] for r in log] == [1.0, 1.0]
+    assert all(r["completion/length_mean"] == 1.0 for r in log)
