@@ -20,7 +20,8 @@ def commands() -> dict[str, tuple[type, Callable, str]]:
     from rlvr_gym.data.rlds import ImportConfig, import_rt1
     from rlvr_gym.evaluation.robot import RT1EvalConfig, run_rt1_eval
     from rlvr_gym.evaluation.textgame import TextGameEvalConfig, run_textgame_eval
-    from rlvr_gym.train import textgame
+    from rlvr_gym.evaluation.web import WebEvalConfig, run_web_eval
+    from rlvr_gym.train import textgame, web
     from rlvr_gym.quickstart import QuickstartConfig, run_quickstart
     from rlvr_gym.train import robot
     from rlvr_gym.train.demo import DemoConfig, run_demo
@@ -42,6 +43,10 @@ def commands() -> dict[str, tuple[type, Callable, str]]:
                                 "GRPO a text-game world model on the binary or task reward"),
         "eval textgame": (TextGameEvalConfig, run_textgame_eval,
                           "text-game accuracy (overall / changed / unchanged) vs the no-change baseline; one JSON line"),
+        "collect web": (web.WebCollectConfig, web.collect_web, "record real MiniWoB++ transitions in Chromium with scripted policies"),
+        "train web-sft": (web.WebSFTConfig, web.run_web_sft, "SFT the web world model (BPE trained on the data, or a local HF causal LM)"),
+        "train web-rlvr": (web.WebRLVRConfig, web.run_web_rlvr, "GRPO the web world model on the item-F1 web reward"),
+        "eval web": (WebEvalConfig, run_web_eval, "web world model on fresh real transitions, seen vs held-out tasks, with the no-change baseline"),
     }
 
 

@@ -14,8 +14,15 @@ from pathlib import Path
 import pytest
 
 from envs.web import WebTaskEnv, browser_available
-from rlvr_gym.domains.web import item_f1, make_diff
-from rlvr_gym.evaluation.web import TRAINING_RECORD, WebEvalConfig, prompt_text, run_web_eval, target_text
+from rlvr_gym.domains.web import item_f1, make_diff, no_change_target
+from rlvr_gym.evaluation.web import (
+    TRAINING_RECORD,
+    WebEvalConfig,
+    best_by_web_reward,
+    prompt_text,
+    run_web_eval,
+    target_text,
+)
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, load_model
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.run import read_log
@@ -192,6 +199,16 @@ def test_eval_on_a_recorded_set_reports_every_metric_and_the_no_change_baseline(
     changed = next(r for r in records if any(make_diff(r["tree_before"], r["tree_after"]).values()))
     assert item_f1(empty, make_diff(changed["tree_before"], changed["tree_after"])) == 0.0
     assert 0 <= result["f1"] <= 1 and 0 <= result["parse_failure_rate"] <= 1
+
+
+def test_best_of_n_keeps_the_sample_closest_to_the_gold_and_seen_tasks_can_be_overridden(sft_run, data):
+    records, _ = load_web_data(data[1])
+    changed = [r for r in records if any(make_diff(r["tree_before"], r["tree_after"]).values())][:2]
+    samples = [["garbage", no_change_target(), target_text(r)] for r in changed]
+    assert best_by_web_reward(samples, changed) == [target_text(r) for r in changed]
+    result = run_web_eval(WebEvalConfig(checkpoint=str(sft_run / "final"), data=str(data[1]), best_of=2,
+                                        max_new_tokens=16, seen_tasks=HELDOUT))  # fmt: skip
+    assert result["best_of"] == 2 and result["seen_n"] == result["n"] and result["heldout_f1"] is None
 
 
 def test_eval_refuses_episodes_the_model_was_trained_on(sft_run, data):

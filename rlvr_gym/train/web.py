@@ -16,13 +16,20 @@ tree_after, reward, done, task, seed, step, skill, truncated) and `manifest.json
 counts, the config, the command, timing), written last.
 
 Training. An example is one transition: prompt = `format_prompt(utterance, tree, action)` after the bos token,
-target = `format_target(diff, reward, done)` and the eos token. Prompts and targets are never truncated (a cut
-tree makes the diff refer to lines the model never saw): examples over `max_prompt_tokens` / `max_target_tokens`
-are dropped, and the token-length distribution, per task too, and the number dropped go to the log and to
-RUN_DIR/data_stats.json. A run directory holds the trainer's files (config.json, log.jsonl, checkpoints/, final/;
-see rlvr_gym.train.run), web.json (this command's config: --resume with another one is refused), data_stats.json,
-init/ (the trained tokenizer and the untrained model, from scratch only), and final/web_training.json (the tasks
-and episodes the model was trained on, which `eval web` reads to split seen from held-out tasks).
+target = `format_target(diff, reward, done)` and the eos token. The from-scratch tokenizer is a byte-level BPE whose
+pre-tokens keep an element id (`[12]`) and a state property (` hidden: true`) whole, so each can be one token.
+Prompts and targets are never truncated (a cut tree makes the diff refer to lines the model never saw): examples
+over `max_prompt_tokens` / `max_target_tokens` are dropped, and the token-length distribution, per task too, and
+the number dropped go to the log and to RUN_DIR/data_stats.json. Measured on 1,171 transitions of the 11 training
+tasks (24 episodes each, BPE 2,048): prompts median 442 / p90 1,377 / max 2,154 tokens, targets median 46 / p90
+1,195 / max 1,541; the default 1,024 / 512 limits keep 711, dropping 337 of 385 book-flight transitions (its tree
+carries the hidden datepicker and autocomplete messages) and 115 of 144 choose-date ones (typing a date rebuilds the
+calendar: hundreds of new lines); 1,536 / 768 keep 992.
+
+A run directory holds the trainer's files (config.json, log.jsonl, checkpoints/, final/; see rlvr_gym.train.run),
+web.json (this command's config: --resume with another one is refused), data_stats.json, init/ (the trained
+tokenizer and the untrained model, from scratch only), and final/web_training.json (the tasks and episodes the model
+was trained on, which `eval web` reads to split seen from held-out tasks).
 """
 
 from __future__ import annotations
@@ -536,7 +543,7 @@ class WebSFTConfig:
     vocab_size: int = 2048
     """Most tokens of the from-scratch byte-level BPE, special tokens included."""
     max_prompt_tokens: int = 1024
-    """Examples with longer prompts are dropped, never cut (distribution: data_stats.json and the module docstring)."""
+    """Examples with longer prompts are dropped, never cut (the measured distribution: module docstring)."""
     max_target_tokens: int = 512
     """Examples with longer targets (eos included) are dropped, never cut."""
     eval_predict_examples: int = 64
