@@ -178,3 +178,24 @@ def test_empty_completions_are_scored_and_counted_not_fatal(tmp_path, init_model
     log = [r for r in read_log(tmp_path) if "reward/mean" in r]
     assert [r["reward/parse_failure_rate"] for r in log] == [1.0, 1.0]
     assert all(r["completion/length_mean"] == 1.0 for r in log)
+
+
+def test_resume_accepts_the_same_config_with_tuple_fields(tmp_path):
+    from dataclasses import dataclass
+
+    from rlvr_gym.train.run import Dist, RunConfig, prepare_run_dir, save_checkpoint
+
+    @dataclass
+    class WithTuple(RunConfig):
+        widths: tuple[int, ...] = (32, 64)
+
+    config = WithTuple(run_dir=str(tmp_path), model="m")
+    d = Dist(0, 1, torch.device("cpu"))
+    prepare_run_dir(config, d)
+    model = torch.nn.Linear(1, 1)
+    model.save_pretrained = lambda path, **_: Path(path).mkdir(parents=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    save_checkpoint(tmp_path, 1, model, None, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0), keep=1)
+    prepare_run_dir(WithTuple(run_dir=str(tmp_path), model="m", resume=True), d)  # JSON turned the tuple into a list
+    with pytest.raises(ValueError, match="widths"):
+        prepare_run_dir(WithTuple(run_dir=str(tmp_path), model="m", resume=True, widths=(8,)), d)

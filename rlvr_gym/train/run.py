@@ -160,7 +160,7 @@ def prepare_run_dir(config: RunConfig, d: Dist) -> Path:
     """Create run_dir, or check that a resumed run uses the same config; refuse to overwrite a finished run."""
     run_dir = Path(config.run_dir)
     saved = run_dir / "config.json"
-    current = dataclasses.asdict(config)
+    current = json.loads(json.dumps(dataclasses.asdict(config)))  # as saved: tuples become lists
     has_checkpoint = latest_checkpoint(run_dir) is not None
     if has_checkpoint and not config.resume:
         raise FileExistsError(
