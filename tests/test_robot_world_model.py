@@ -13,7 +13,7 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, mle_examples, episode_codes, run_rt1_mle, run_rt1_rlvr,
+    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, mle_examples, run_rt1_mle, run_rt1_rlvr,
     train_frame_tokenizer,
 )
 from rlvr_gym.train.run import read_log

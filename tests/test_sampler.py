@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rlvr_gym.models.sampler import HFDecoder, LlamaDecoder, SamplingConfig, filter_logits, sample
+from rlvr_gym.models.sampler import LlamaDecoder, SamplingConfig, filter_logits, sample
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9]]
 

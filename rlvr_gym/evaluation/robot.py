@@ -116,7 +116,6 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
     """
     sampling = sampling or SamplingConfig(temperature=0.0)
     data = [EpisodeTokens(e, episode_codes(world.frame_tokenizer, e), frame_flags(e)) for e in episodes]
-    context = lambda i, n: np.repeat(data[i].episode.frames[:1], n, 0)  # noqa: E731
     result: dict = {"n_episodes": len(episodes)}
 
     prompts, where = single_step_prompts(world, data)

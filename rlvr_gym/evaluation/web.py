@@ -23,7 +23,6 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

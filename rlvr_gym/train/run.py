@@ -159,26 +159,34 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int, rank: int, worl
 def prepare_run_dir(config: RunConfig, d: Dist) -> Path:
     """Create run_dir, or check that a resumed run uses the same config; refuse to overwrite a finished run."""
     run_dir = Path(config.run_dir)
-    saved = run_dir / "config.json"
+    record_config(run_dir, config, config.resume, d.is_main)
+    barrier(d)
+    return run_dir
+
+
+def record_config(run_dir: Path, config, resume: bool, is_main: bool, file_name: str = "config.json",
+                  resumable: set[str] = RESUMABLE_CHANGES) -> None:
+    """Refuse to start over a run's checkpoints without --resume, or to resume it with another config; save config.
+
+    Fields named in `resumable` may differ. Domain pipelines record their outer config too, in their own file.
+    """
+    run_dir = Path(run_dir)
+    saved = run_dir / file_name
     current = json.loads(json.dumps(dataclasses.asdict(config)))  # as saved: tuples become lists
-    has_checkpoint = latest_checkpoint(run_dir) is not None
-    if has_checkpoint and not config.resume:
+    if latest_checkpoint(run_dir) is not None and not resume:
         raise FileExistsError(
             f"{run_dir} already holds checkpoints: pass --resume to continue that run, or choose another --run-dir"
         )
-    if config.resume and saved.is_file():
+    if resume and saved.is_file():
         previous = json.loads(saved.read_text())
-        differing = sorted(
-            k for k in set(previous) | set(current) if k not in RESUMABLE_CHANGES and previous.get(k) != current.get(k)
-        )
+        keys = (set(previous) | set(current)) - resumable
+        differing = sorted(k for k in keys if previous.get(k) != current.get(k))
         if differing:
             changes = ", ".join(f"{k}: {previous.get(k)!r} -> {current.get(k)!r}" for k in differing)
             raise ValueError(f"cannot resume {run_dir} with a different config ({changes}); use a new --run-dir")
-    if d.is_main:
+    if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(saved, json.dumps(current, indent=2))
-    barrier(d)
-    return run_dir
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -14,7 +14,6 @@ data_stats.json, and init/ (the trained tokenizer and the untrained model, when 
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 import logging
@@ -44,7 +43,7 @@ from rlvr_gym.domains.textgame import (
 from rlvr_gym.evaluation.textgame import accuracy, encode_prompts, load_tokenizer, subsample
 from rlvr_gym.models.lm import LlamaSize, build_llama, parameter_count
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
-from rlvr_gym.train.run import atomic_write_text, barrier, latest_checkpoint, setup_processes
+from rlvr_gym.train.run import atomic_write_text, barrier, record_config, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
 
 if TYPE_CHECKING:
@@ -176,21 +175,7 @@ def report_data(run_dir: Path, stats: dict, is_main: bool) -> None:
 
 def check_run(run_dir: Path, config: TextGameSFTConfig | TextGameRLVRConfig, is_main: bool) -> None:
     """Refuse to start over a run with checkpoints without --resume, or to resume one with another config."""
-    if latest_checkpoint(run_dir) is not None and not config.resume:
-        raise FileExistsError(
-            f"{run_dir} already holds checkpoints: pass --resume to continue that run, or choose another --run-dir"
-        )
-    saved, current = run_dir / "textgame.json", json.loads(json.dumps(dataclasses.asdict(config)))  # tuples as lists
-    if config.resume and saved.is_file():
-        previous = json.loads(saved.read_text())
-        keys = (set(previous) | set(current)) - RESUMABLE_CHANGES
-        differing = sorted(k for k in keys if previous.get(k) != current.get(k))
-        if differing:
-            changes = ", ".join(f"{k}: {previous.get(k)!r} -> {current.get(k)!r}" for k in differing)
-            raise ValueError(f"cannot resume {run_dir} with a different config ({changes}); use a new --run-dir")
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(saved, json.dumps(current, indent=2))
+    record_config(run_dir, config, config.resume, is_main, "textgame.json", RESUMABLE_CHANGES)
 
 
 # ---------------------------------------------------------------------------------------------------- SFT
