@@ -5,55 +5,53 @@ Under torchrun: `torchrun --nproc-per-node 2 -m rlvr_gym train ...` (each proces
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def commands() -> dict[str, tuple[type, Callable, str]]:
-    """Command words -> (config dataclass, function taking it, one-line help). Imported lazily: startup stays fast."""
-    from rlvr_gym.data.episodes import CollectConfig, collect
-    from rlvr_gym.data.rlds import ImportConfig, import_rt1
-    from rlvr_gym.evaluation.robot import RT1EvalConfig, run_rt1_eval
-    from rlvr_gym.evaluation.textgame import TextGameEvalConfig, run_textgame_eval
-    from rlvr_gym.evaluation.web import WebEvalConfig, run_web_eval
-    from rlvr_gym.train import textgame, web
-    from rlvr_gym.quickstart import QuickstartConfig, run_quickstart
-    from rlvr_gym.train import robot
-    from rlvr_gym.train.demo import DemoConfig, run_demo
-
-    return {
-        "quickstart": (QuickstartConfig, run_quickstart, "the main job on embedded defaults, with a report"),
-        "demo": (DemoConfig, run_demo, "SFT then GRPO on the sort-digits task: the trainer's proof that it learns"),
-        "collect rt1": (CollectConfig, collect, "record episodes of the MuJoCo tabletop under scripted and random policies"),
-        "import rt1": (ImportConfig, import_rt1, "convert Open X-Embodiment RT-1 RLDS TFRecords into episode shards (no TensorFlow)"),
-        "train tokenizer": (robot.TokenizerConfig, robot.train_frame_tokenizer, "train the frame tokenizer (FSQ, context-conditioned)"),
-        "train rt1-mle": (robot.RT1MLEConfig, robot.run_rt1_mle, "train the video world model by maximum likelihood"),
-        "train rt1-rlvr": (robot.RT1RLVRConfig, robot.run_rt1_rlvr, "post-train the video world model with GRPO on -(L1 + LPIPS)"),
-        "eval rt1": (RT1EvalConfig, run_rt1_eval, "score a video world model on fresh real episodes; prints one JSON line"),
-        "collect textworld": (textgame.TextWorldCollectConfig, textgame.run_collect_textworld,
-                              "play generated TextWorld games and write ByteSized32-format transitions"),
-        "train textgame-sft": (textgame.TextGameSFTConfig, textgame.run_textgame_sft,
-                               "SFT a text-game world model: (state, action) -> diff, BPE tokenizer trained on the data"),
-        "train textgame-rlvr": (textgame.TextGameRLVRConfig, textgame.run_textgame_rlvr,
-                                "GRPO a text-game world model on the binary or task reward"),
-        "eval textgame": (TextGameEvalConfig, run_textgame_eval,
-                          "text-game accuracy (overall / changed / unchanged) vs the no-change baseline; one JSON line"),
-        "collect web": (web.WebCollectConfig, web.collect_web, "record real MiniWoB++ transitions in Chromium with scripted policies"),
-        "train web-sft": (web.WebSFTConfig, web.run_web_sft, "SFT the web world model (BPE trained on the data, or a local HF causal LM)"),
-        "train web-rlvr": (web.WebRLVRConfig, web.run_web_rlvr, "GRPO the web world model on the item-F1 web reward"),
-        "eval web": (WebEvalConfig, run_web_eval, "web world model on fresh real transitions, seen vs held-out tasks, with the no-change baseline"),
-    }
+# Command words -> (module, config dataclass, function taking it, one-line help). Modules are imported only for
+# the command that runs: startup stays fast, and a command never needs another's optional extras (web: selenium).
+COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "quickstart": ("rlvr_gym.quickstart", "QuickstartConfig", "run_quickstart", "the main job on embedded defaults, with a report"),
+    "demo": ("rlvr_gym.train.demo", "DemoConfig", "run_demo", "SFT then GRPO on the sort-digits task: the trainer's proof that it learns"),
+    "collect rt1": ("rlvr_gym.data.episodes", "CollectConfig", "collect",
+                    "record episodes of the MuJoCo tabletop under scripted and random policies"),
+    "import rt1": ("rlvr_gym.data.rlds", "ImportConfig", "import_rt1",
+                   "convert Open X-Embodiment RT-1 RLDS TFRecords into episode shards (no TensorFlow)"),
+    "train tokenizer": ("rlvr_gym.train.robot", "TokenizerConfig", "train_frame_tokenizer",
+                        "train the frame tokenizer (FSQ, context-conditioned)"),
+    "train rt1-mle": ("rlvr_gym.train.robot", "RT1MLEConfig", "run_rt1_mle", "train the video world model by maximum likelihood"),
+    "train rt1-rlvr": ("rlvr_gym.train.robot", "RT1RLVRConfig", "run_rt1_rlvr",
+                       "post-train the video world model with GRPO on -(L1 + LPIPS)"),
+    "eval rt1": ("rlvr_gym.evaluation.robot", "RT1EvalConfig", "run_rt1_eval",
+                 "score a video world model on fresh real episodes; prints one JSON line"),
+    "collect textworld": ("rlvr_gym.train.textgame", "TextWorldCollectConfig", "run_collect_textworld",
+                          "play generated TextWorld games and write ByteSized32-format transitions"),
+    "train textgame-sft": ("rlvr_gym.train.textgame", "TextGameSFTConfig", "run_textgame_sft",
+                           "SFT a text-game world model: (state, action) -> diff, BPE tokenizer trained on the data"),
+    "train textgame-rlvr": ("rlvr_gym.train.textgame", "TextGameRLVRConfig", "run_textgame_rlvr",
+                            "GRPO a text-game world model on the binary or task reward"),
+    "eval textgame": ("rlvr_gym.evaluation.textgame", "TextGameEvalConfig", "run_textgame_eval",
+                      "text-game accuracy (overall / changed / unchanged) vs the no-change baseline; one JSON line"),
+    "collect web": ("rlvr_gym.train.web", "WebCollectConfig", "collect_web",
+                    "record real MiniWoB++ transitions in Chromium with scripted policies"),
+    "train web-sft": ("rlvr_gym.train.web", "WebSFTConfig", "run_web_sft",
+                      "SFT the web world model (BPE trained on the data, or a local HF causal LM)"),
+    "train web-rlvr": ("rlvr_gym.train.web", "WebRLVRConfig", "run_web_rlvr", "GRPO the web world model on the item-F1 web reward"),
+    "eval web": ("rlvr_gym.evaluation.web", "WebEvalConfig", "run_web_eval",
+                 "web world model on fresh real transitions, seen vs held-out tasks, with the no-change baseline"),
+}
 
 
-def usage(table: dict) -> str:
-    width = max(map(len, table))
+def usage() -> str:
+    width = max(map(len, COMMANDS))
     lines = ["usage: rlvr-gym COMMAND [--help] [--flags]", "", "commands:"]
-    lines += [f"  {name.ljust(width)}  {help_}" for name, (_, _, help_) in table.items()]
+    lines += [f"  {name.ljust(width)}  {entry[-1]}" for name, entry in COMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -62,17 +60,18 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    table = commands()
     # The longest run of leading words that names a command ("train textgame-sft" before "train").
     for n in range(min(3, len(argv)), 0, -1):
         name = " ".join(argv[:n])
-        if name in table:
+        if name in COMMANDS:
             break
     else:
-        print(usage(table), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        print(usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         raise SystemExit(0 if not argv or argv[0] in ("-h", "--help") else 2)
-    config_cls, fn, help_ = table[name]
-    config = tyro.cli(config_cls, args=argv[n:], prog=f"rlvr-gym {name}", description=help_)
+    module_name, config_name, fn_name, help_ = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    config = tyro.cli(getattr(module, config_name), args=argv[n:], prog=f"rlvr-gym {name}", description=help_)
+    fn = getattr(module, fn_name)
     result = fn(config)
     if isinstance(result, dict):
         print(json.dumps(result))
