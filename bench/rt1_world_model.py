@@ -23,7 +23,7 @@ from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
 from rlvr_gym.domains import robot as R
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.evaluation.robot import (
-    EpisodeTokens, batched_lpips, evaluate_world_model, predict_in_batches, single_step_prompts, summary_line,
+    EpisodeTokens, batched_lpips, evaluate_world_model, predict_in_batches, rollout_gif, single_step_prompts, summary_line,
 )
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.sampler import SamplingConfig
@@ -83,29 +83,6 @@ def best_of_n_curve(world: RobotWorldModel, episodes, n_prompts: int = 48, seed:
         rows.append({"N": k, "lpips": float(lpips[np.arange(len(prompts)), best].mean()),
                      "reward": float(scores[np.arange(len(prompts)), best].mean())})
     return rows
-
-
-def rollout_gif(worlds: dict[str, RobotWorldModel], episode, steps: int, path: Path) -> Path:
-    """Real frames next to each model's autoregressive prediction under the real actions (greedy, from frame 0)."""
-    from PIL import Image
-
-    steps = min(steps, len(episode.actions))
-    columns = [episode.frames[: steps + 1]]
-    for world in worlds.values():
-        codes = [world.encode(episode.frames[:1], episode.frames[:1])[0]]
-        flags = [False]
-        frames = [episode.frames[0]]
-        for t in range(steps):
-            prompt = world.prompt(codes, flags, episode.actions[: t + 1])
-            c, p, _ = world.predict([prompt], k=1)
-            codes.append(c[0, 0])
-            flags.append(bool(p[0, 0] > 0.5))
-            frames.append(world.decode(c[:, 0], episode.frames[:1])[0])
-        columns.append(np.stack(frames))
-    images = [Image.fromarray(np.concatenate([col[t] for col in columns], 1)).resize((64 * len(columns) * 3, 192), Image.NEAREST)
-              for t in range(steps + 1)]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=300, loop=0)
-    return path
 
 
 def main(out_dir: str = "runs/bench", mle: str = "rt1-mle", rlvr: str = "rt1-rlvr", episodes: int = 24, seed: int = 9001,

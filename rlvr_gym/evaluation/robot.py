@@ -181,6 +181,29 @@ def summary_line(result: dict) -> dict:
     return line
 
 
+def rollout_gif(worlds: dict[str, RobotWorldModel], episode, steps: int, path: Path) -> Path:
+    """Real frames next to each model's autoregressive prediction under the real actions (greedy, from frame 0)."""
+    from PIL import Image
+
+    steps = min(steps, len(episode.actions))
+    columns = [episode.frames[: steps + 1]]
+    for world in worlds.values():
+        codes = [world.encode(episode.frames[:1], episode.frames[:1])[0]]
+        flags = [False]
+        frames = [episode.frames[0]]
+        for t in range(steps):
+            prompt = world.prompt(codes, flags, episode.actions[: t + 1])
+            c, p, _ = world.predict([prompt], k=1)
+            codes.append(c[0, 0])
+            flags.append(bool(p[0, 0] > 0.5))
+            frames.append(world.decode(c[:, 0], episode.frames[:1])[0])
+        columns.append(np.stack(frames))
+    images = [Image.fromarray(np.concatenate([col[t] for col in columns], 1)).resize((64 * len(columns) * 3, 192), Image.NEAREST)
+              for t in range(steps + 1)]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=300, loop=0)
+    return path
+
+
 @dataclass
 class RT1EvalConfig:
     checkpoint: str = "rt1-rlvr"
