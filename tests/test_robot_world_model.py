@@ -157,7 +157,10 @@ def test_object_centroids_are_read_from_the_frame_colours():
     moved = frame.copy()
     moved[0, 10:12, 20:22] = 230
     moved[0, 13:15, 24:26] = (230, 20, 20)
-    assert object_position_error(moved, frame) == pytest.approx(5.0 / 2)  # red moved 5 px, green 0
+    # The red cube moved 5 px (3 down, 4 right); the green one did not, so only red counts.
+    assert object_position_error(frame, moved, frame) == pytest.approx(5.0), "copying the previous frame misses by the motion"
+    assert object_position_error(moved, moved, frame) == 0.0
+    assert np.isnan(object_position_error(frame, frame, frame)), "nothing moved: no motion to score"
 
 
 def test_evaluation_reports_model_and_baselines(tiny_world):

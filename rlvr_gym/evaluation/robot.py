@@ -46,13 +46,16 @@ def object_centroids(frames: np.ndarray, min_pixels: int = 2) -> np.ndarray:
     return out
 
 
-def object_position_error(pred: np.ndarray, target: np.ndarray) -> float:
-    """Mean pixel distance between object centroids read from predicted and real frames (objects seen in both)."""
-    a, b = object_centroids(pred), object_centroids(target)
-    d = np.linalg.norm(a - b, axis=-1)
+def object_position_error(pred: np.ndarray, target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0) -> float:
+    """Mean pixel distance between object centroids read from predicted and real frames, over the objects that moved
+    (by more than `min_motion` px between the previous real frame and the target): still objects would make copying
+    look perfect. NaN when nothing moved."""
+    p, t, before = object_centroids(pred), object_centroids(target), object_centroids(prev)
+    moved = np.linalg.norm(t - before, axis=-1) > min_motion  # NaN compares False: objects not seen in both
+    d = np.linalg.norm(p - t, axis=-1)
     # An object the prediction lost counts as the frame's half-diagonal: losing it must not look good.
-    d = np.where(np.isnan(a[..., 0]) & ~np.isnan(b[..., 0]), 45.0, d)
-    return float(np.nanmean(d)) if np.isfinite(d).any() else math.nan
+    d = np.where(np.isnan(p[..., 0]), 45.0, d)
+    return float(d[moved].mean()) if moved.any() else math.nan
 
 
 def frame_metrics(pred: np.ndarray, target: np.ndarray, prev: np.ndarray) -> dict[str, float]:
@@ -64,7 +67,7 @@ def frame_metrics(pred: np.ndarray, target: np.ndarray, prev: np.ndarray) -> dic
         "ssim": float(R.ssim(pred, target).mean()),
         "lpips": float(batched_lpips(pred, target).mean()),
         "changed_mse": float(np.nanmean(changed.numpy())) if torch.isfinite(changed).any() else math.nan,
-        "object_error_px": object_position_error(pred, target),
+        "object_error_px": object_position_error(pred, target, prev),
     }
 
 
@@ -149,10 +152,12 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
             per_step.append({
                 "step": j + 1,
                 **frame_metrics(pred, target, prev),
+                # Objects that moved since the rollout began, for the model and the copy baseline alike.
+                "object_error_px": object_position_error(pred, target, start),
                 "repetition_rate": R.repetition_rate(codes[:, j], previous_pred),
                 "copy_start_psnr": float(R.psnr(start, target).clamp(max=60).mean()),
                 "copy_start_changed_mse": frame_metrics(start, target, prev)["changed_mse"],
-                "copy_start_object_error_px": object_position_error(start, target),
+                "copy_start_object_error_px": object_position_error(start, target, start),
             })
             repeats.append(per_step[-1]["repetition_rate"])
         keys = ["mse", "psnr", "ssim", "lpips", "changed_mse", "object_error_px", "repetition_rate"]
