@@ -1,0 +1,112 @@
+"""The learned simulator's speed: RLVRWorld-RT1-v0 batched (one VectorEnv, one forward pass per step) vs sequential.
+
+    python -m bench.rt1_sim --checkpoint rt1-rlvr        # writes runs/bench/rt1_sim.{md,json}
+
+Compares 64 sub-envs stepped together with 64 steps of one env (greedy, one thread), and both with the compute
+bound: the model FLOPs of an env step (prefill of the context window, decoding of a frame and its flag, the frame
+tokenizer's decoder) divided by this core's measured matrix-multiply rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import rlvr_gym  # noqa: F401  (registers the env ids)
+from rlvr_gym.domains import robot as R
+from rlvr_gym.evaluation.report import markdown_table
+from rlvr_gym.models.lm import parameter_count
+from rlvr_gym.models.robot_world_model import RobotWorldModel
+
+
+def matmul_gflops(n: int = 512, repeats: int = 20) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
+
+
+def tokenizer_decode_flops(world: RobotWorldModel) -> float:
+    """FLOPs of decoding one frame, counted from the conv layers' shapes on a real forward pass."""
+    flops = 0
+
+    def count(module, inputs, output):
+        nonlocal flops
+        kernel = module.weight[0].numel()  # in_channels * kh * kw
+        flops += 2 * kernel * output.numel()
+
+    hooks = [m.register_forward_hook(count) for m in world.frame_tokenizer.modules() if isinstance(m, torch.nn.Conv2d)]
+    frame = np.zeros((1, 64, 64, 3), np.uint8)
+    world.decode(np.zeros((1, R.FRAME_TOKENS), np.int64), frame)
+    for h in hooks:
+        h.remove()
+    return float(flops)
+
+
+def time_steps(env, steps: int, batched: bool) -> float:
+    actions = np.zeros((env.num_envs, 7) if batched else (7,), np.float32)
+    env.reset(seed=0)
+    env.step(actions)  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        env.step(actions)
+    return time.perf_counter() - start
+
+
+def main(out_dir: str = "runs/bench", checkpoint: str = "rt1-rlvr", num_envs: int = 64, steps: int = 3) -> dict:
+    torch.set_num_threads(1)
+    world = RobotWorldModel.load(checkpoint)
+    horizon = 10_000  # no truncation inside the timed steps
+    vector = gym.make_vec("RLVRWorld-RT1-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
+                          checkpoint=checkpoint, horizon=horizon)
+    single = gym.make("RLVRWorld-RT1-v0", checkpoint=checkpoint, horizon=horizon)
+    batched_rate = num_envs * steps / time_steps(vector, steps, batched=True)
+    single_rate = num_envs / time_steps(single, num_envs, batched=False)
+    gflops = matmul_gflops()
+    prompt_tokens = 1 + world.settings.context_steps * R.STEP_TOKENS
+    lm_flops = 2 * parameter_count(world.lm) * (prompt_tokens + R.FRAME_TOKENS + 1)
+    step_flops = lm_flops + tokenizer_decode_flops(world)
+    bound = gflops * 1e9 / step_flops
+    result = {
+        "checkpoint": checkpoint, "num_envs": num_envs, "batched_env_steps_per_s": batched_rate,
+        "sequential_env_steps_per_s": single_rate, "speedup": batched_rate / single_rate,
+        "matmul_gflops": gflops, "flops_per_env_step": step_flops, "compute_bound_env_steps_per_s": bound,
+        "batched_fraction_of_bound": batched_rate / bound, "load_average": os.getloadavg()[0],
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rt1_sim.json").write_text(json.dumps(result, indent=2))
+    rows = [{"mode": f"VectorEnv, {num_envs} sub-envs, one forward pass", "env steps/s": batched_rate},
+            {"mode": "one env, stepped 64 times", "env steps/s": single_rate},
+            {"mode": "compute bound (FLOPs / measured matmul rate)", "env steps/s": bound}]
+    (out / "rt1_sim.md").write_text(
+        f"# RLVRWorld-RT1-v0 speed\n\nCheckpoint `{checkpoint}`, greedy, one thread, load average {result['load_average']:.1f}.\n\n"
+        + markdown_table(rows, digits=1)
+        + f"\n\nBatched / sequential: **{result['speedup']:.1f}x** (target >= 15x). Batched runs at "
+        f"{result['batched_fraction_of_bound'] * 100:.0f}% of the compute bound: an env step costs "
+        f"{step_flops / 1e9:.2f} GFLOP (prefill of the {prompt_tokens}-token window, {R.FRAME_TOKENS + 1} decoded tokens, "
+        f"the frame decoder), and this core multiplies matrices at {gflops:.0f} GFLOP/s. Batching removes the per-token "
+        "Python overhead that dominates a single env; it cannot remove arithmetic, which is why the speedup on a CPU is "
+        "bounded by how far the single env is from the compute bound.\n"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", default="runs/bench")
+    parser.add_argument("--checkpoint", default="rt1-rlvr")
+    parser.add_argument("--num-envs", type=int, default=64)
+    args = parser.parse_args()
+    main(args.out_dir, args.checkpoint, args.num_envs)
