@@ -37,7 +37,7 @@ def last_prompt_frame(prompt: list[int]) -> np.ndarray:
     return np.asarray(prompt[-(R.ACTION_DIM + 1 + R.FRAME_TOKENS) : -(R.ACTION_DIM + 1)])
 
 
-def repetition_rejection(world: RobotWorldModel, tries: int = 8):
+def repetition_rejection(world: RobotWorldModel, tries: int = 4):
     """Greedy prediction, replaced by the first of `tries` samples (temperature 1) that repeats no frame."""
 
     def choose(prompts, k, future):
@@ -59,7 +59,7 @@ def repetition_rejection(world: RobotWorldModel, tries: int = 8):
     return choose
 
 
-def best_of_n_curve(world: RobotWorldModel, episodes, n_prompts: int = 48, seed: int = 0) -> list[dict]:
+def best_of_n_curve(world: RobotWorldModel, episodes, n_prompts: int = 32, seed: int = 0) -> list[dict]:
     """Single-step LPIPS of the best of the first N samples (chosen by -(L1 + LPIPS) to the real frame), N = 1..100."""
     data = [EpisodeTokens(e, episode_codes(world.frame_tokenizer, e), frame_flags(e)) for e in episodes]
     prompts, where = single_step_prompts(world, data)
@@ -85,7 +85,7 @@ def best_of_n_curve(world: RobotWorldModel, episodes, n_prompts: int = 48, seed:
     return rows
 
 
-def main(out_dir: str = "runs/bench", mle: str = "rt1-mle", rlvr: str = "rt1-rlvr", episodes: int = 24, seed: int = 9001,
+def main(out_dir: str = "runs/bench", mle: str = "rt1-mle", rlvr: str = "rt1-rlvr", episodes: int = 12, seed: int = 9001,
          horizon: int = 5, env_horizon: int = 30) -> dict:
     torch.set_num_threads(1)
     out = Path(out_dir)
@@ -172,7 +172,7 @@ if __name__ == "__main__":
     parser.add_argument("--out-dir", default="runs/bench")
     parser.add_argument("--mle", default="rt1-mle")
     parser.add_argument("--rlvr", default="rt1-rlvr")
-    parser.add_argument("--episodes", type=int, default=24)
+    parser.add_argument("--episodes", type=int, default=12)
     parser.add_argument("--seed", type=int, default=9001)
     args = parser.parse_args()
     main(args.out_dir, args.mle, args.rlvr, args.episodes, args.seed)
