@@ -139,8 +139,8 @@ def test_gym_make_finds_the_env_and_names_a_missing_checkpoint(tiny_world):
     env.reset(seed=0)
     truncated = [env.step(env.action_space.sample())[3] for _ in range(2)]
     assert truncated[0] is False
-    with pytest.raises(CheckpointError, match="rt1-rlvr"):
-        gym.make(ENV_ID)
+    with pytest.raises(CheckpointError, match="no-such-model"):
+        gym.make(ENV_ID, checkpoint="no-such-model")
     (world.parent / "broken").mkdir()
     with pytest.raises(CheckpointError, match="world_model.json"):
         gym.make(ENV_ID, checkpoint=world.parent / "broken")
@@ -166,7 +166,8 @@ def test_vector_env_steps_like_sequential_single_envs(tiny_world):
         obs, rewards, terminated, truncated, infos = venv.step(batch)
         for i in np.flatnonzero(alive):
             single_obs, reward, *_ = singles[i].step(batch[i])
-            np.testing.assert_array_equal(obs[i], single_obs)
+            # The frame decoder's convolutions may round differently at another batch size: one grey level at most.
+            np.testing.assert_allclose(obs[i].astype(int), single_obs.astype(int), atol=1, rtol=0)
             assert rewards[i] == reward
         alive &= ~(terminated | truncated)  # an ended sub-env is reset on the next step, the single env is not
 

@@ -1,0 +1,34 @@
+"""The world models shipped inside the package: present, small, documented, and what `gym.make` uses by default."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import rlvr_gym  # noqa: F401  (registers the env ids)
+from rlvr_gym.models.lm import SHIPPED_DIR
+from rlvr_gym.models.robot_world_model import RobotWorldModel
+
+
+@pytest.mark.parametrize("name", ["rt1-mle", "rt1-rlvr"])
+def test_shipped_robot_world_models_are_small_and_carry_a_card(name):
+    path = SHIPPED_DIR / name
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    assert size <= 10 * 1024 * 1024, f"{name} is {size / 1e6:.1f} MB; the budget is 10 MB"
+    card = (path / "CARD.md").read_text()
+    for section in ("## Data", "## Commands", "## Held-out metrics", "rlvr-gym eval rt1"):
+        assert section in card
+    world = RobotWorldModel.load(name)
+    assert world.settings.context_steps >= 1
+
+
+def test_gym_make_works_right_after_install_with_the_rlvr_model():
+    env = gym.make("RLVRWorld-RT1-v0")
+    check_env(env.unwrapped, skip_render_check=False)
+    obs, info = env.reset(seed=3)
+    assert obs.shape == (64, 64, 3) and obs.dtype == np.uint8
+    frames = [env.step(np.zeros(7, np.float32))[0] for _ in range(2)]
+    again = gym.make("RLVRWorld-RT1-v0")
+    again.reset(seed=3)
+    assert all(np.array_equal(a, again.step(np.zeros(7, np.float32))[0]) for a in frames), "same seed, same rollout"
+    assert 0.0 <= env.step(np.zeros(7, np.float32))[4]["success_prob"] <= 1.0
