@@ -120,8 +120,9 @@ def markdown(report: dict) -> str:
                 "changed_mse": l["single_changed_mse"], "object_error_px": l["single_object_error_px"],
                 "repetition_rate": l["repetition_rate"]} for name, l in lines.items()]
     h = report["horizon"]
-    multi = [{"model": f"copy frame t (step {h})", "psnr": first[f"multi_step{h}_copy_psnr"],
-              "changed_mse": first[f"multi_step{h}_copy_changed_mse"], "object_error_px": first[f"multi_step{h}_copy_object_error_px"]}]
+    multi = [{"model": "copy frame t", f"step {h} psnr": first[f"multi_step{h}_copy_psnr"],
+              f"step {h} changed_mse": first[f"multi_step{h}_copy_changed_mse"],
+              f"step {h} object_error_px": first[f"multi_step{h}_copy_object_error_px"]}]
     multi += [{"model": name, "lpips (mean over steps)": l["multi_lpips"], "psnr": l["multi_psnr"], "ssim": l["multi_ssim"],
                f"step {h} psnr": l[f"multi_step{h}_psnr"], f"step {h} changed_mse": l[f"multi_step{h}_changed_mse"],
                f"step {h} object_error_px": l[f"multi_step{h}_object_error_px"], "repetition_rate": l["multi_repetition_rate"]}
