@@ -135,7 +135,7 @@ def markdown(report: dict) -> str:
         f"{report['episodes']} fresh real episodes (collection seed {report['seed']}), greedy predictions unless stated.\n\n"
         "## Single step (teacher-forced history)\n\n" + markdown_table(single, digits=4) +
         f"\n\n## {h}-step rollouts (real actions spliced between generated frames)\n\n" + markdown_table(multi, digits=4) +
-        f"\n\nRLVR vs MLE: multi-step LPIPS {gain:+.1f}% relative (target: >= 5% lower), repetition rate "
+        f"\n\nRLVR vs MLE: multi-step LPIPS {gain:.1f}% lower (target: >= 5% lower), repetition rate "
         f"{mle['multi_repetition_rate']:.3f} -> {rl['multi_repetition_rate']:.3f} ({rep:.1f}x lower; target >= 3x).\n\n"
         "## MLE + best-of-N (single step, oracle choice by -(L1 + LPIPS))\n\n" + markdown_table(report["best_of_n"], digits=4) +
         "\n\n![metrics](rt1_world_model.png)\n\nReal (left) vs MLE vs RLVR, autoregressive from the first frame: "

@@ -139,24 +139,36 @@ def sample(
     tracked_probs = torch.zeros((rows, T, len(tracked)), device=device) if len(tracked) else None
     batch_rows = torch.arange(rows, device=device)  # the output row of each row in the running batch
     alive = torch.ones(rows, dtype=torch.bool, device=device)
+    any_forced, any_stop = bool((forced_ids >= 0).any()), len(stop) > 0
+    ended = 0  # rows of the running batch that have ended but not yet been dropped
     for t in range(T):
         if allowed_tokens is not None:
             logits = logits.masked_fill(~allowed_tokens[t], float("-inf"))
         if tracked_probs is not None:
             tracked_probs[batch_rows[alive], t] = logits[alive].softmax(-1)[:, tracked]
         tokens = next_tokens(logits, config, generator)
-        forced_now = forced_ids[batch_rows, t]
-        tokens = torch.where(forced_now >= 0, forced_now, tokens)
-        out[batch_rows[alive], t] = tokens[alive]
-        in_completion[batch_rows[alive], t] = True
-        alive &= ~(torch.isin(tokens, stop) & (forced_now < 0))
-        if t == T - 1 or not alive.any():
+        # Per-token Python work is what a decode step of a small model costs: skip what this batch does not need.
+        if any_forced:
+            forced_now = forced_ids[batch_rows, t]
+            tokens = torch.where(forced_now >= 0, forced_now, tokens)
+        rows_now = batch_rows[alive] if ended else batch_rows
+        out[rows_now, t] = tokens[alive] if ended else tokens
+        in_completion[rows_now, t] = True
+        if t == T - 1:
             break
-        # Copying the cache costs about as much as a few decode steps: drop ended rows once a quarter have ended.
-        if (~alive).sum() * 4 >= len(alive):
-            keep = alive.nonzero().squeeze(-1)
-            decoder.select(keep)
-            tokens, batch_rows, alive = tokens[keep], batch_rows[keep], alive[keep]
+        if any_stop:
+            stopped = torch.isin(tokens, stop)
+            if any_forced:
+                stopped &= forced_now < 0
+            alive &= ~stopped
+            ended = int((~alive).sum())
+            if ended == len(alive):
+                break
+            # Copying the cache costs about as much as a few decode steps: drop ended rows once a quarter have ended.
+            if ended * 4 >= len(alive):
+                keep = alive.nonzero().squeeze(-1)
+                decoder.select(keep)
+                tokens, batch_rows, alive, ended = tokens[keep], batch_rows[keep], alive[keep], 0
         logits = decoder.step(tokens)
     prompt_rows = [list(p) for p in prompts for _ in range(num_samples)]
     return Rollout(prompt_rows, out, in_completion, in_completion & (forced_ids >= 0), tracked_probs)
@@ -236,8 +248,7 @@ class LlamaDecoder:
         }
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -262,8 +273,10 @@ class LlamaDecoder:
             h = self.rms_norm(x, w["norm1"])
             qkv = F.linear(h, w["qkv"], w["qkv_bias"])
             q, k, v = qkv.split([self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], -1)
-            q = self.rotate(q.view(B, q_len, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
-            k = self.rotate(k.view(B, q_len, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+            # Queries and keys rotate together: one set of elementwise ops instead of two.
+            qk = self.rotate(qkv[..., : (self.n_heads + self.n_kv) * self.head_dim]
+                             .view(B, q_len, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+            q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
             self.k_cache[i, :, :, start:end] = k
             self.v_cache[i, :, :, start:end] = v.view(B, q_len, self.n_kv, self.head_dim).transpose(1, 2)
             a = F.scaled_dot_product_attention(
