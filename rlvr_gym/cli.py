@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "train web-sft": ("rlvr_gym.train.web", "WebSFTConfig", "run_web_sft",
                       "SFT the web world model (BPE trained on the data, or a local HF causal LM)"),
     "train web-rlvr": ("rlvr_gym.train.web", "WebRLVRConfig", "run_web_rlvr", "GRPO the web world model on the item-F1 web reward"),
+    "export": ("rlvr_gym.integrations.export", "ExportConfig", "export",
+               "write text-game or web training data for TRL (HF dataset) or verl (parquet)"),
     "eval web": ("rlvr_gym.evaluation.web", "WebEvalConfig", "run_web_eval",
                  "web world model on fresh real transitions, seen vs held-out tasks, with the no-change baseline"),
 }
