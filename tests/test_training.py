@@ -180,22 +180,21 @@ def test_empty_completions_are_scored_and_counted_not_fatal(tmp_path, init_model
     assert all(r["completion/length_mean"] == 1.0 for r in log)
 
 
-def test_resume_accepts_the_same_config_with_tuple_fields(tmp_path):
+def test_resume_accepts_the_same_config_with_tuple_fields(tmp_path, init_model):
     from dataclasses import dataclass
 
-    from rlvr_gym.train.run import Dist, RunConfig, prepare_run_dir, save_checkpoint
+    from rlvr_gym.train.run import Dist, RunConfig, make_optimizer, prepare_run_dir, save_checkpoint
 
     @dataclass
     class WithTuple(RunConfig):
         widths: tuple[int, ...] = (32, 64)
 
-    config = WithTuple(run_dir=str(tmp_path), model="m")
+    config = WithTuple(run_dir=str(tmp_path), model=str(init_model))
     d = Dist(0, 1, torch.device("cpu"))
     prepare_run_dir(config, d)
-    model = torch.nn.Linear(1, 1)
-    model.save_pretrained = lambda path, **_: Path(path).mkdir(parents=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    save_checkpoint(tmp_path, 1, model, None, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0), keep=1)
-    prepare_run_dir(WithTuple(run_dir=str(tmp_path), model="m", resume=True), d)  # JSON turned the tuple into a list
+    model, tokenizer = load_model(init_model)
+    optimizer, scheduler = make_optimizer(model, config)
+    save_checkpoint(tmp_path, 1, model, tokenizer, optimizer, scheduler, keep=1)
+    prepare_run_dir(WithTuple(run_dir=str(tmp_path), model=str(init_model), resume=True), d)  # JSON made the tuple a list
     with pytest.raises(ValueError, match="widths"):
-        prepare_run_dir(WithTuple(run_dir=str(tmp_path), model="m", resume=True, widths=(8,)), d)
+        prepare_run_dir(WithTuple(run_dir=str(tmp_path), model=str(init_model), resume=True, widths=(8,)), d)
