@@ -23,7 +23,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from rlvr_gym.data.bytesized32 import Transition, load_transitions, shared_data_dir
 from rlvr_gym.domains.textgame import accuracy_table, format_prompt, no_change_predictions, task_reward
 from rlvr_gym.models.lm import CheckpointError, load_model, resolve_checkpoint
-from rlvr_gym.models.sampler import SamplingConfig, sample
+from rlvr_gym.models.sampler import sample_texts
 
 
 def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:
@@ -65,26 +65,8 @@ def predict(
     seed: int = 0,
 ) -> list[list[str]]:
     """`num_samples` decoded completions per transition (greedy at temperature 0), in the transitions' order."""
-    prompts = encode_prompts(tokenizer, transitions)
-    # Prompts of similar length share a batch: less padding in the prefill.
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    config = SamplingConfig(max_new_tokens, temperature, stop_token_ids=(tokenizer.eos_token_id,))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    out: list[list[str]] = [[] for _ in prompts]
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        rollout = sample(
-            model,
-            [prompts[i] for i in rows],
-            config,
-            num_samples=num_samples,
-            pad_token_id=pad_id,
-            generator=torch.Generator().manual_seed(seed * 1_000_003 + start),
-        )
-        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in rollout.completions()]
-        for j, i in enumerate(rows):
-            out[i] = texts[j * num_samples : (j + 1) * num_samples]
-    return out
+    return sample_texts(model, tokenizer, encode_prompts(tokenizer, transitions), batch_size, max_new_tokens,
+                        num_samples, temperature, seed)
 
 
 def best_by_task_reward(samples: Sequence[Sequence[str]], transitions: Sequence[Transition]) -> list[str]:

@@ -33,7 +33,7 @@ from envs.web import TASKS
 from rlvr_gym.domains.web import format_prompt, format_target, make_diff, no_change_target, web_reward
 from rlvr_gym.evaluation.textgame import checked_tokenizer
 from rlvr_gym.models.lm import load_model, resolve_checkpoint
-from rlvr_gym.models.sampler import SamplingConfig, sample
+from rlvr_gym.models.sampler import sample_texts
 
 log = logging.getLogger("rlvr_gym")
 
@@ -72,35 +72,6 @@ def encode_targets(tokenizer: PreTrainedTokenizerBase, records: Sequence[dict]) 
 
 
 @torch.no_grad()
-def predict(
-    model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[Sequence[int]],
-    batch_size: int = 16,
-    max_new_tokens: int = 512,
-    num_samples: int = 1,
-    temperature: float = 0.0,
-    seed: int = 0,
-) -> list[list[str]]:
-    """`num_samples` decoded completions per prompt (greedy at temperature 0), in the prompts' order."""
-    # Prompts of similar length share a batch: less padding in the prefill.
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    config = SamplingConfig(max_new_tokens, temperature, stop_token_ids=(tokenizer.eos_token_id,))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    device = next(model.parameters()).device
-    out: list[list[str]] = [[] for _ in prompts]
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        rollout = sample(
-            model, [prompts[i] for i in rows], config, num_samples=num_samples, pad_token_id=pad_id,
-            generator=torch.Generator(device).manual_seed(seed * 1_000_003 + start),
-        )  # fmt: skip
-        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in rollout.completions()]
-        for j, i in enumerate(rows):
-            out[i] = texts[j * num_samples : (j + 1) * num_samples]
-    return out
-
-
 def best_by_web_reward(samples: Sequence[Sequence[str]], records: Sequence[dict]) -> list[str]:
     """For each transition, the sample whose web reward against the gold is highest (first on ties)."""
     chosen = []
@@ -171,7 +142,7 @@ def evaluate_model(
 ) -> dict[str, float]:
     """Greedy `web_metrics` of a model on recorded transitions, finite values only (the trainers log them under
     eval/)."""
-    preds = [p[0] for p in predict(model, tokenizer, encode_prompts(tokenizer, records), batch_size, max_new_tokens)]
+    preds = [p[0] for p in sample_texts(model, tokenizer, encode_prompts(tokenizer, records), batch_size, max_new_tokens)]
     metrics = web_metrics(preds, records, seen_tasks)
     return {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
 
@@ -288,9 +259,9 @@ def run_web_eval(config: WebEvalConfig) -> dict:
     started = time.perf_counter()
     prompts = encode_prompts(tokenizer, records)
     if config.best_of == 1:
-        preds = [p[0] for p in predict(model, tokenizer, prompts, config.batch_size, config.max_new_tokens)]
+        preds = [p[0] for p in sample_texts(model, tokenizer, prompts, config.batch_size, config.max_new_tokens)]
     else:
-        samples = predict(
+        samples = sample_texts(
             model, tokenizer, prompts, config.batch_size, config.max_new_tokens,
             num_samples=config.best_of, temperature=config.temperature, seed=config.seed,
         )  # fmt: skip

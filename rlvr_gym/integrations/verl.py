@@ -12,7 +12,6 @@ data source (verl stacks each key across the batch), components 0.0 when the res
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from rlvr_gym.domains import textgame, web
 

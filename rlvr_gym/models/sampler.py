@@ -174,6 +174,33 @@ def sample(
     return Rollout(prompt_rows, out, in_completion, in_completion & (forced_ids >= 0), tracked_probs)
 
 
+def sample_texts(
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    batch_size: int = 16,
+    max_new_tokens: int = 512,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[list[str]]:
+    """`num_samples` decoded completions per prompt (greedy at temperature 0, stopping at eos), in the prompts' order."""
+    # Prompts of similar length share a batch: less padding in the prefill.
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    config = SamplingConfig(max_new_tokens, temperature, stop_token_ids=(tokenizer.eos_token_id,))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    out: list[list[str]] = [[] for _ in prompts]
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        rollout = sample(model, [prompts[i] for i in rows], config, num_samples=num_samples, pad_token_id=pad_id,
+                         generator=torch.Generator(device).manual_seed(seed * 1_000_003 + start))
+        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in rollout.completions()]
+        for j, i in enumerate(rows):
+            out[i] = texts[j * num_samples : (j + 1) * num_samples]
+    return out
+
+
 def make_decoder(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device):
     if LlamaDecoder.supports(model):
         return LlamaDecoder(model, prompts, max_len, device)
