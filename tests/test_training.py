@@ -60,6 +60,16 @@ def test_training_saves_a_loadable_hugging_face_model(tmp_path, init_model):
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000003"
 
 
+def test_a_time_limit_stops_with_a_checkpoint_and_resume_finishes(tmp_path, init_model):
+    config = SFTConfig(run_dir=str(tmp_path), model=str(init_model), steps=5, batch_size=8, save_every=100, max_minutes=1e-9)
+    final = train_sft(config, examples())
+    assert (final / "model.safetensors").is_file()
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000001", "stops after the first step, saved"
+    train_sft(SFTConfig(**{**vars(config), "max_minutes": 0.0, "resume": True}), examples())
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000005"
+    assert [r["step"] for r in read_log(tmp_path) if "train/loss" in r] == [1, 2, 3, 4, 5]
+
+
 def test_missing_or_corrupt_checkpoints_give_clear_errors(tmp_path, init_model):
     with pytest.raises(CheckpointError, match="neither a directory nor a shipped name"):
         load_model(tmp_path / "nowhere")

@@ -137,11 +137,21 @@ def lpips_distance(pred: Frames, target: Frames) -> torch.Tensor:
         return model(pred * 2 - 1, target * 2 - 1)
 
 
-def frame_reward(pred: Frames, target: Frames) -> torch.Tensor:
-    """RLVR-World's video reward, -(L1 + LPIPS) per frame, with L1 the mean absolute error on the [0, 1] scale."""
+# The reward of an unparsable rollout: below any frame's -(L1 + LPIPS) (a black frame against a real one scores
+# about -1.6), since 0, the usual parse-failure score, would be the best reward here.
+PARSE_FAILURE_REWARD = -2.0
+
+
+def frame_reward_terms(pred: Frames, target: Frames) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per frame (L1, LPIPS) of the video reward, L1 being the mean absolute error on the [0, 1] scale."""
     pred, target = _frame_pair(pred, target)
-    l1 = (pred - target).abs().mean(dim=(1, 2, 3))
-    return -(l1 + lpips_distance(pred, target))
+    return (pred - target).abs().mean(dim=(1, 2, 3)), lpips_distance(pred, target)
+
+
+def frame_reward(pred: Frames, target: Frames) -> torch.Tensor:
+    """RLVR-World's video reward, -(L1 + LPIPS) per frame."""
+    l1, lpips = frame_reward_terms(pred, target)
+    return -(l1 + lpips)
 
 
 def changed_pixel_mse(pred: Frames, target: Frames, prev: Frames, threshold: float = 0.05) -> torch.Tensor:

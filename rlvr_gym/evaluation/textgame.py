@@ -22,7 +22,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rlvr_gym.data.bytesized32 import Transition, load_transitions, shared_data_dir
 from rlvr_gym.domains.textgame import accuracy_table, format_prompt, no_change_predictions, task_reward
-from rlvr_gym.models.lm import CheckpointError, load_model, resolve_checkpoint
+from rlvr_gym.models.lm import CheckpointError, load_model, pick_device, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 
 
@@ -118,6 +118,8 @@ class TextGameEvalConfig:
     """Seed of the --limit sample and of best-of-N sampling."""
     threads: int = 1
     """torch threads."""
+    device: str = "auto"
+    """Where the model runs: auto (cuda when there is a GPU, else cpu), cpu, cuda, cuda:N."""
 
 
 def run_textgame_eval(config: TextGameEvalConfig) -> dict:
@@ -133,7 +135,7 @@ def run_textgame_eval(config: TextGameEvalConfig) -> dict:
         raise ValueError(f"{config.data} holds no transitions")
     model, tokenizer = load_model(config.checkpoint)
     tokenizer = checked_tokenizer(tokenizer, config.checkpoint)
-    model.eval()
+    model.to(pick_device(config.device)).eval()
     started = time.perf_counter()
     if config.best_of == 1:
         preds = [p[0] for p in predict(model, tokenizer, transitions, config.batch_size, config.max_new_tokens)]

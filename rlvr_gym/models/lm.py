@@ -83,5 +83,22 @@ def load_model(name_or_dir: str | os.PathLike, dtype: torch.dtype = torch.float3
     return model, tokenizer
 
 
+def pick_device(name: str = "auto") -> torch.device:
+    """`auto` is the first GPU when there is one, else the CPU; anything else is passed to torch.device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def ship_lm(src: str | os.PathLike, dst: str | os.PathLike, dtype: torch.dtype = torch.float16) -> Path:
+    """Copy a checkpoint's model (in `dtype`, half the bytes in fp16) and tokenizer to `dst`; loading casts back."""
+    model, tokenizer = load_model(src)
+    dst = Path(dst)
+    model.to(dtype).save_pretrained(dst)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(dst)
+    return dst

@@ -85,7 +85,9 @@ def next_tokens(logits: torch.Tensor, config: SamplingConfig, generator: torch.G
     # Inverse-CDF sampling: one uniform per row. torch.multinomial drew an exponential per vocabulary entry and took
     # ~1 ms per step for 8 x 4096 on this CPU, 12% of a decode step; this takes ~0.07 ms.
     cdf = logits.softmax(-1).cumsum(-1)
-    u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+    # Drawn where the generator lives (a CPU stream can drive GPU sampling, and gives the same draws on both).
+    u = torch.rand(len(cdf), 1, generator=generator, device=generator.device if generator else cdf.device)
+    u = u.to(cdf.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 

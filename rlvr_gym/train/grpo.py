@@ -3,7 +3,8 @@
 Each step, on each process:
 1. sample `group_size` completions for each of `prompts_per_step` prompts (rlvr_gym.models.sampler);
 2. score them with the domain's reward, `reward_fn(completions=..., completion_ids=..., **columns) -> [dict]`,
-   each dict holding "score" and optional numeric components; an "error" entry marks a parse failure (score 0);
+   each dict holding "score" and optional numeric components; an "error" entry marks a parse failure (counted; its
+   score is the domain's: 0 where rewards are non-negative, the video reward's floor where they are not);
 3. advantages normalised within each group;
 4. clipped policy-ratio loss over the sampled (not forced) completion tokens, KL to the frozen starting model
    with the k3 estimator (beta = 0 loads no reference model).
@@ -201,7 +202,7 @@ def train_grpo(
     if run.step == 0:
         run.evaluate(evaluate)
 
-    while run.step < config.steps:
+    while run.running():
         started = time.perf_counter()
         idx = R.batch_indices(len(examples), config.prompts_per_step, run.step, config.seed, d.rank, d.world_size)
         batch_examples = [examples[i] for i in idx]

@@ -89,7 +89,7 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
     def evaluate() -> dict[str, float]:
         return tokenizer_metrics(model, *held, config.eval_frames) if held is not None else {}
 
-    while run.step < config.steps:
+    while run.running():
         started = time.perf_counter()
         idx = RUN.batch_indices(len(frames), config.batch_size, run.step, config.seed, d.rank, d.world_size)
         target = FrameTokenizer.to_float(torch.as_tensor(frames[idx])).to(d.device)
@@ -228,7 +228,7 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
         for i, (ids, e, step) in enumerate(zip(completion_ids, episode, t)):
             frames, _, error = R.parse_rollout(ids, horizon)
             if error:
-                results[i] = {"score": 0.0, "error": error}
+                results[i] = {"score": R.PARSE_FAILURE_REWARD, "error": error}
                 continue
             codes.append(frames)
             targets.append(episodes[e].frames[step + 1 : step + 1 + horizon])
@@ -237,8 +237,7 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
         if rows:
             pred = world.decode(np.concatenate(codes), np.concatenate(contexts))
             target = np.concatenate(targets)
-            l1 = np.abs(pred.astype(np.float32) - target.astype(np.float32)).mean(axis=(1, 2, 3)) / 255.0
-            lpips = R.lpips_distance(pred, target).numpy()
+            l1, lpips = (x.numpy() for x in R.frame_reward_terms(pred, target))
             per_frame = -(l1 + lpips)
             for j, i in enumerate(rows):
                 part = slice(j * horizon, (j + 1) * horizon)

@@ -63,10 +63,14 @@ class RunConfig:
     """Continue from the newest checkpoint in run_dir (starts fresh if there is none)."""
     threads: int = 1
     """torch threads per process; on small CPUs one thread per process and more processes (torchrun) is faster."""
+    max_minutes: float = 0.0
+    """Stop after this many minutes of this process (0: no limit), saving a checkpoint and final/ as at the last
+    step; --resume continues to `steps`. For fixed time budgets (a lent GPU, a CI slot)."""
 
 
 # Fields that may differ when resuming: they change how the run is watched or how far it goes, not what it computes.
-RESUMABLE_CHANGES = {"resume", "steps", "save_every", "keep_checkpoints", "log_every", "eval_every", "threads"}
+RESUMABLE_CHANGES = {"resume", "steps", "save_every", "keep_checkpoints", "log_every", "eval_every", "threads",
+                     "max_minutes"}
 
 
 # ---------------------------------------------------------------------------------------------------- processes
@@ -110,9 +114,18 @@ def mean_across_ranks(d: Dist, metrics: dict[str, float]) -> dict[str, float]:
     if d.world_size == 1 or not metrics:
         return metrics
     keys = sorted(metrics)
-    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=d.device)  # nccl: GPU only
     dist.all_reduce(values)
     return {k: v / d.world_size for k, v in zip(keys, values.tolist())}
+
+
+def any_rank(d: Dist, flag: bool) -> bool:
+    """True on every rank when it is true on any (so that all ranks leave a loop at the same step)."""
+    if d.world_size == 1:
+        return flag
+    value = torch.tensor([float(flag)], device=d.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def wrap_ddp(model: torch.nn.Module, d: Dist) -> torch.nn.Module:
@@ -285,7 +298,7 @@ class Run:
     """The parts of a training loop every trainer shares: processes, model, optimizer, resume, logs, checkpoints.
 
         run = Run(config, "sft")
-        while run.step < config.steps:
+        while run.running():
             loss = ...; loss.backward(); run.optimizer_step()
             run.end_step({"train/loss": ...}, evaluate=...)
         return run.finish()
@@ -306,6 +319,12 @@ class Run:
         self.ddp_model = wrap_ddp(self.model, self.d)
         self.logger = MetricsLogger(self.run_dir, self.d.is_main, resumed_step=self.step)
         self.bar = tqdm(total=config.steps, initial=self.step, desc=name, disable=not self.d.is_main, dynamic_ncols=True)
+        self.started = time.monotonic()
+        self.out_of_time = False
+
+    def running(self) -> bool:
+        """Whether the loop should take another step: steps remain and the time limit, if any, is not reached."""
+        return self.step < self.config.steps and not self.out_of_time
 
     def optimizer_step(self) -> float:
         """Clip gradients, step optimizer and schedule, clear gradients; returns the gradient norm."""
@@ -329,7 +348,12 @@ class Run:
         """Count the step; average, log and show its metrics; checkpoint and evaluate when due."""
         config = self.config
         self.step += 1
-        last = self.step == config.steps
+        limit = config.max_minutes * 60
+        self.out_of_time = any_rank(self.d, bool(limit) and time.monotonic() - self.started >= limit)
+        if self.out_of_time and self.step < config.steps:
+            log.info("stopping at step %d of %d: the %g-minute limit is reached (--resume continues)", self.step,
+                     config.steps, config.max_minutes)
+        last = self.step == config.steps or self.out_of_time
         metrics = mean_across_ranks(self.d, {**metrics, "train/lr": self.scheduler.get_last_lr()[0]})
         if self.step % config.log_every == 0 or last:
             self.logger.log(self.step, metrics)

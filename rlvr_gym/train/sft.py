@@ -83,7 +83,7 @@ def train_sft(
             metrics.update(eval_fn(model))
         return metrics
 
-    while run.step < config.steps:
+    while run.running():
         started = time.perf_counter()
         idx = R.batch_indices(len(examples), config.batch_size, run.step, config.seed, d.rank, d.world_size)
         part = [examples[i] for i in idx]
