@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -139,11 +140,35 @@ def test_export_balances_like_the_trainer(tmp_path):
     assert load_from_disk(str(path))["prompt"] == [textgame.format_prompt(t.current, t.action) for t in expected]
 
 
+def tiny_grpo_args(tmp_path: Path, lr: float, completion_tokens: int):
+    """Two GRPO steps on CPU: 2 prompts x 2 generations per step."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(tmp_path / "out"), max_steps=2, learning_rate=lr, per_device_train_batch_size=4,
+        gradient_accumulation_steps=1, steps_per_generation=1, num_generations=2,
+        max_completion_length=completion_tokens, optim="adamw_torch", activation_checkpointing=False, bf16=False,
+        use_cpu=True, seed=0, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], disable_tqdm=True,
+    )  # fmt: skip
+
+
+def recorded(adapter, calls: list):
+    """The adapter as TRL's reward, recording each call's columns and scores."""
+
+    @functools.wraps(adapter)
+    def reward(**kwargs):
+        scores = adapter(**kwargs)
+        calls.append((kwargs, scores))
+        return scores
+
+    return reward
+
+
 def test_trl_grpo_trainer_runs_on_exported_textgame_data(tmp_path):
     pytest.importorskip("trl")
     import torch
     from datasets import load_from_disk
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from rlvr_gym.models.lm import LlamaSize, build_llama
     from rlvr_gym.train.textgame import train_tokenizer, transition_texts
@@ -153,22 +178,10 @@ def test_trl_grpo_trainer_runs_on_exported_textgame_data(tmp_path):
     tokenizer = train_tokenizer(transition_texts(load_transitions(FIXTURE)), vocab_size=600)
     torch.manual_seed(0)
     model = build_llama(len(tokenizer), LlamaSize(hidden_size=32, layers=1, heads=2, intermediate_size=64), tokenizer)
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "out"), max_steps=2, learning_rate=1e-4, per_device_train_batch_size=4,
-        gradient_accumulation_steps=1, steps_per_generation=1, num_generations=2, max_completion_length=8,
-        optim="adamw_torch", activation_checkpointing=False, bf16=False, use_cpu=True, seed=0, logging_steps=1,
-        save_strategy="no", eval_strategy="no", report_to=[], disable_tqdm=True,
-    )  # fmt: skip
     dataset = load_from_disk(str(path))
     calls = []
-
-    @functools.wraps(trl_rewards.textgame_binary_reward)
-    def reward(**kwargs):
-        scores = trl_rewards.textgame_binary_reward(**kwargs)
-        calls.append((kwargs, scores))
-        return scores
-
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+    trainer = GRPOTrainer(model=model, reward_funcs=recorded(trl_rewards.textgame_binary_reward, calls),
+                          args=tiny_grpo_args(tmp_path, lr=1e-4, completion_tokens=8), train_dataset=dataset,
                           processing_class=tokenizer)  # fmt: skip
     trainer.train()
     assert trainer.state.global_step == 2
@@ -182,3 +195,187 @@ def test_trl_grpo_trainer_runs_on_exported_textgame_data(tmp_path):
             assert dataset["current"][dataset["prompt"].index(prompt)] == current
         assert scores == [r["score"] for r in textgame.binary_reward(
             kwargs["completions"], [json.loads(s) for s in kwargs["current"]], [json.loads(s) for s in kwargs["next"]])]
+
+
+# ---------------------------------------------------------------------------------------------------- rt1
+
+
+@pytest.fixture(scope="module")
+def rt1_data(tmp_path_factory):
+    """Two short real episodes (MuJoCo tabletop) exported for TRL and verl with the shipped rt1-rlvr checkpoint."""
+    from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
+
+    root = tmp_path_factory.mktemp("rt1")
+    episodes = str(root / "episodes")
+    collect(CollectConfig(out=episodes, episodes=2, seed=31, horizon=5, tasks=("move_near", "open_drawer")))
+    trl_dir = export(ExportConfig(domain="rt1", format="trl", out=str(root / "trl"), data=episodes))
+    parquet = export(ExportConfig(domain="rt1", format="verl", out=str(root / "train.parquet"), data=episodes))
+    return load_episodes(episodes), trl_dir, parquet
+
+
+def rt1_completions(next_ids: list[list[int]]) -> list[str]:
+    """For each row: the real next frame's codes, random codes (with the real flag), and text that is no frame."""
+    from rlvr_gym.domains import robot as R
+    from rlvr_gym.integrations.verl import rt1_token_text
+
+    rng = np.random.default_rng(0)
+    out = []
+    for ids in next_ids:
+        random_codes = [int(c) for c in rng.integers(0, R.CODEBOOK_SIZE, R.FRAME_TOKENS)] + [ids[-1]]
+        out += [rt1_token_text(ids), rt1_token_text(random_codes), "<f12><f7> the next frame"]
+    return out
+
+
+def test_rt1_token_names_round_trip_the_whole_vocabulary_through_the_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlvr_gym.domains import robot as R
+    from rlvr_gym.integrations.verl import rt1_token_ids, rt1_token_text, rt1_tokenizer
+
+    tokenizer = rt1_tokenizer()
+    ids = list(range(R.VOCAB_SIZE))
+    text = rt1_token_text(ids)
+    assert len(tokenizer) == R.VOCAB_SIZE
+    assert rt1_token_ids(text) == ids and tokenizer(text).input_ids == ids
+    assert text.startswith("<f0><f1>")
+    assert rt1_token_text([R.ACTION_OFFSET + 255, R.FLAG_SUCCESS, R.BOS]) == "<a255><success><bos>"
+    # TRL and verl decode completions without special tokens: every frame code, bin and flag survives
+    decoded = tokenizer.decode(ids, skip_special_tokens=True)
+    assert rt1_token_ids(decoded) == ids[: R.BOS]
+    assert rt1_token_ids(" <f3>\n<running> ") == [3, R.FLAG_RUNNING]
+    for bad in ("<f3>hello", "<f1000>", "<g1>"):
+        with pytest.raises(ValueError):
+            rt1_token_ids(bad)
+    # verl loads the tokenizer from the model directory
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded(text).input_ids == ids and (reloaded.bos_token_id, reloaded.eos_token_id) == (R.BOS, R.PAD)
+    chat = reloaded.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True)
+    assert chat["input_ids"] == ids
+
+
+def test_rt1_export_holds_the_trainers_prompts_and_the_real_next_frames(rt1_data):
+    import pyarrow.parquet as pq
+    from datasets import load_from_disk
+
+    from rlvr_gym.domains import robot as R
+    from rlvr_gym.integrations.verl import decode_frame, rt1_tokenizer, rt1_world
+    from rlvr_gym.train.robot import episode_codes, frame_flags, rlvr_examples
+
+    episodes, trl_dir, parquet = rt1_data
+    world = rt1_world("rt1-rlvr")
+    examples = rlvr_examples(world, episodes, horizon=1)
+    dataset = load_from_disk(str(trl_dir))
+    rows = pq.read_table(parquet).to_pylist()
+    assert len(dataset) == len(rows) == len(examples) == sum(len(e) for e in episodes)
+    assert set(dataset.column_names) == {
+        "prompt", "prompt_ids", "next_ids", "checkpoint", "context_frame", "next_frame", "episode", "t"
+    }  # fmt: skip
+    tokenizer = rt1_tokenizer()
+    codes = [episode_codes(world.frame_tokenizer, e) for e in episodes]
+    for i, (trl_row, verl_row, example) in enumerate(zip(dataset, rows, examples)):
+        e, t = example["episode"], example["t"]
+        assert (trl_row["episode"], trl_row["t"]) == (e, t) and trl_row["checkpoint"] == "rt1-rlvr"
+        assert trl_row["prompt_ids"] == example["prompt_ids"]
+        # what TRL (plain prompt) and verl (chat messages) tokenize is exactly the world model's prompt
+        assert tokenizer(trl_row["prompt"]).input_ids == example["prompt_ids"]
+        chat = tokenizer.apply_chat_template(verl_row["prompt"], tokenize=True, add_generation_prompt=True)
+        assert chat["input_ids"] == example["prompt_ids"]
+        assert trl_row["next_ids"] == R.step_tokens(codes[e][t + 1], frame_flags(episodes[e])[t + 1])
+        assert np.array_equal(decode_frame(trl_row["next_frame"]), episodes[e].frames[t + 1])
+        assert np.array_equal(decode_frame(trl_row["context_frame"]), episodes[e].frames[0])
+        gold = json.loads(verl_row["reward_model"]["ground_truth"])
+        assert verl_row["data_source"] == "rlvr_gym/rt1" and verl_row["ability"] == "world_model/rt1"
+        assert verl_row["extra_info"] == {"split": "train", "index": i, "episode": e, "t": t}
+        assert gold["next_ids"] == trl_row["next_ids"] and gold["checkpoint"] == "rt1-rlvr"
+        assert np.array_equal(decode_frame(gold["next_frame"]), episodes[e].frames[t + 1])
+
+
+def test_rt1_reward_scores_the_real_next_frame_above_random_codes_as_the_trainer_does(rt1_data):
+    from datasets import load_from_disk
+
+    from rlvr_gym.integrations.verl import RT1_PARSE_FAILURE, rt1_token_ids, rt1_world
+    from rlvr_gym.train.robot import frame_reward_fn
+
+    episodes, trl_dir, _ = rt1_data
+    dataset = load_from_disk(str(trl_dir))
+    completions = rt1_completions(dataset["next_ids"])
+    columns = {k: [v for v in dataset[k] for _ in range(3)] for k in ("checkpoint", "context_frame", "next_frame")}
+    scores = trl_rewards.rt1_frame_reward(prompts=None, completions=completions, **columns)
+    gold, random, garbage = scores[0::3], scores[1::3], scores[2::3]
+    assert all(g > r for g, r in zip(gold, random))
+    assert all(r > RT1_PARSE_FAILURE for r in random) and garbage == [RT1_PARSE_FAILURE] * len(dataset)
+    # the in-house trainer's reward on the same episodes and steps
+    parsable = [c for i, c in enumerate(completions) if i % 3 != 2]
+    trainer = frame_reward_fn(rt1_world("rt1-rlvr"), episodes, horizon=1)(
+        [rt1_token_ids(c) for c in parsable], [e for e in dataset["episode"] for _ in range(2)],
+        [t for t in dataset["t"] for _ in range(2)])  # fmt: skip
+    assert [s for i, s in enumerate(scores) if i % 3 != 2] == pytest.approx([r["score"] for r in trainer], abs=1e-6)
+    chat = [[{"role": "assistant", "content": c}] for c in completions]
+    assert trl_rewards.rt1_frame_reward(completions=chat, **columns) == pytest.approx(scores, abs=1e-6)
+    with pytest.raises(ValueError, match="next_frame"):
+        trl_rewards.rt1_frame_reward(completions=completions, checkpoint=columns["checkpoint"],
+                                     context_frame=columns["context_frame"])  # fmt: skip
+
+
+def test_verl_compute_score_on_exported_rt1_rows_equals_the_trl_reward(rt1_data):
+    import pyarrow.parquet as pq
+
+    _, trl_dir, parquet = rt1_data
+    rows = pq.read_table(parquet).to_pylist()[:4]
+    completions = rt1_completions([json.loads(r["reward_model"]["ground_truth"])["next_ids"] for r in rows])
+    results = [
+        compute_score(data_source=row["data_source"], solution_str=c, ground_truth=row["reward_model"]["ground_truth"],
+                      extra_info=row["extra_info"])
+        for i, row in enumerate(rows) for c in completions[3 * i: 3 * i + 3]
+    ]  # fmt: skip
+    from datasets import load_from_disk
+
+    dataset = load_from_disk(str(trl_dir)).select(range(len(rows)))
+    columns = {k: [v for v in dataset[k] for _ in range(3)] for k in ("checkpoint", "context_frame", "next_frame")}
+    expected = trl_rewards.rt1_frame_reward(completions=completions, **columns)
+    assert [r["score"] for r in results] == pytest.approx(expected, abs=1e-6)
+    assert [r["parsed"] for r in results] == [1.0, 1.0, 0.0] * len(rows)
+    assert len({tuple(sorted(r)) for r in results}) == 1 and set(results[0]) == {"score", "parsed", "l1", "lpips"}
+    assert all(r["l1"] > 0 and r["lpips"] >= 0 and r["score"] == pytest.approx(-(r["l1"] + r["lpips"]))
+               for r in results[0::3])  # fmt: skip
+
+
+def test_rt1_export_stops_at_the_limit(rt1_data, tmp_path):
+    from datasets import load_from_disk
+
+    episodes, trl_dir, _ = rt1_data
+    data = Path(trl_dir).parent / "episodes"
+    path = export(ExportConfig(domain="rt1", format="trl", out=str(tmp_path / "trl"), data=str(data), limit=2))
+    assert load_from_disk(str(path))["prompt"] == load_from_disk(str(trl_dir))["prompt"][:2]
+
+
+def test_trl_grpo_trainer_runs_on_exported_rt1_data(rt1_data, tmp_path):
+    pytest.importorskip("trl")
+    import torch
+    from datasets import load_from_disk
+    from trl import GRPOTrainer
+
+    from rlvr_gym.domains import robot as R
+    from rlvr_gym.integrations.verl import RT1_PARSE_FAILURE, rt1_token_ids
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    _, trl_dir, _ = rt1_data
+    dataset = load_from_disk(str(trl_dir))
+    model, tokenizer = trl_rewards.rt1_policy("rt1-rlvr")
+    calls = []
+    trainer = GRPOTrainer(model=model, reward_funcs=recorded(trl_rewards.rt1_frame_reward, calls),
+                          args=tiny_grpo_args(tmp_path, lr=1e-5, completion_tokens=R.rollout_length(1)),
+                          train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
+    trainer.train()
+    assert trainer.state.global_step == 2 and len(calls) == 2
+    for kwargs, scores in calls:
+        assert len(scores) == len(kwargs["completions"]) == len(kwargs["next_frame"]) == 4
+        for prompt, text, ids in zip(kwargs["prompts"], kwargs["completions"], kwargs["completion_ids"]):
+            # the decoded completion names exactly the world-model ids that were sampled
+            assert rt1_token_ids(text) == [i for i in ids if i != R.PAD]
+            assert dataset["prompt_ids"][dataset["prompt"].index(prompt)] == tokenizer(prompt).input_ids
+        # TRL samples without the trainer's allowed-token mask, so some samples put a bin where a code goes
+        assert all(s == RT1_PARSE_FAILURE or RT1_PARSE_FAILURE < s < 0.0 for s in scores)
+    assert any(s > RT1_PARSE_FAILURE for _, scores in calls for s in scores)

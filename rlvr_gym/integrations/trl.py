@@ -2,11 +2,16 @@
 
 TRL passes every dataset column as a list with one entry per completion. States may be dicts or the JSON strings
 that `export` writes (a Hugging Face dataset cannot hold the games' free-form property dicts as columns). A
-completion that does not parse scores 0.0, as in the domain reward; conversational completions (lists of
-messages) are scored on the last message's content.
+completion that does not parse scores 0.0, as in the domain reward (the video reward, at most 0, gives
+`verl.RT1_PARSE_FAILURE` instead); conversational completions (lists of messages) are scored on the last message's
+content.
 
     from rlvr_gym.integrations.trl import textgame_binary_reward
     GRPOTrainer(model=..., reward_funcs=textgame_binary_reward, train_dataset=load_from_disk("runs/export/textgame-trl"))
+
+    model, tokenizer = rt1_policy("rt1-rlvr")
+    GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=rt1_frame_reward,
+                train_dataset=load_from_disk("runs/export/rt1-trl"))
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rlvr_gym.domains import robot as R
 from rlvr_gym.domains import textgame, web
+from rlvr_gym.integrations.verl import rt1_frame_scores, rt1_tokenizer
 
 
 def completion_text(completion: str | list[dict[str, Any]]) -> str:
@@ -56,6 +63,32 @@ def web_reward(
              done=done)  # fmt: skip
     texts = [completion_text(c) for c in completions]
     return [float(r["score"]) for r in web.web_reward(texts, tree_before, tree_after, reward, done)]
+
+
+def rt1_frame_reward(
+    prompts: list | None = None, completions: list | None = None, checkpoint: list | None = None,
+    context_frame: list | None = None, next_frame: list | None = None, **_: Any,
+) -> list[float]:
+    """-(L1 + LPIPS) of the completion's decoded frame against the real next frame (`train rt1-rlvr`'s reward)."""
+    _require("rt1_frame_reward", completions=completions, checkpoint=checkpoint, context_frame=context_frame,
+             next_frame=next_frame)  # fmt: skip
+    texts = [completion_text(c) for c in completions]
+    return [float(r["score"]) for r in rt1_frame_scores(texts, checkpoint, context_frame, next_frame)]
+
+
+def rt1_policy(checkpoint: str = "rt1-rlvr") -> tuple[Any, Any]:
+    """The world model's transformer as a policy for `GRPOTrainer`, and its tokenizer (`verl.rt1_tokenizer`).
+
+    The transformer's config names ids 1 and 2 (frame codes in this layout) as bos and eos, and TRL stops
+    generation at the model's eos: here bos is `<bos>` and generation ends only at `<pad>`.
+    """
+    from rlvr_gym.models.lm import load_model
+    from rlvr_gym.models.robot_world_model import RobotWorldModel
+
+    model, _ = load_model(RobotWorldModel.resolve(checkpoint) / "lm")
+    for config in (model.config, model.generation_config):
+        config.bos_token_id, config.eos_token_id, config.pad_token_id = R.BOS, R.PAD, R.PAD
+    return model, rt1_tokenizer()
 
 
 def _textgame_scores(fn, completions, current, next) -> list[float]:

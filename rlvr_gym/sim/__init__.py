@@ -10,6 +10,8 @@ ENVS = {
         "entry_point": "rlvr_gym.sim.robot:RT1WorldEnv",
         "vector_entry_point": "rlvr_gym.sim.robot:RT1WorldVectorEnv",
     },
+    "RLVRWorld-TextGame-v0": {"entry_point": "rlvr_gym.sim.textgame:TextGameWorldEnv"},
+    "RLVRWorld-Web-v0": {"entry_point": "rlvr_gym.sim.web:WebWorldEnv"},
 }
 
 
