@@ -1,0 +1,102 @@
+"""SB3 agents on the RT-1 tabletop: the learned simulator they train in, and the real env they are scored in.
+
+    venv = make_sim_env("rt1-rlvr", num_envs=16, task="open_drawer")     # batched world model, 32x32 frames
+    model = stable_baselines3.PPO("MlpPolicy", venv).learn(5_000)
+    evaluate_in_real(model, episodes=16, task="open_drawer")             # held-out start states, MuJoCo
+
+Agents see frames block-averaged to `frame_size` (32 by default) through an MLP. Measured on this 2-core CPU (8
+envs of random frames, one thread): PPO ran 3,200 steps/s with an MLP on 32x32 frames, 1,640 with a small two-layer
+CNN on 64x64 and 600 with SB3's NatureCNN (CnnPolicy); SAC 89, 62 and 24. Besides being fastest, the MLP leaves no
+custom class in the checkpoint, so `rlvr_gym.evaluation.policies` loads it without importing `agents`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecMonitor
+
+from envs.robot import TASKS, RealRT1Env
+from rlvr_gym.data.episodes import SEEDS_PER_RUN
+from rlvr_gym.evaluation.policies import policy_frames, real_rollout, sb3_actor
+from rlvr_gym.models.robot_world_model import RobotWorldModel
+from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON, load_initial_states
+from rlvr_gym.sim.sb3 import SB3VecEnv
+
+DEFAULT_FRAME_SIZE = 32
+EVAL_SEED_RUN = 9
+"""Real start states for scoring agents: env seeds 9_000_000 + i, a collection run never used for training data."""
+
+
+class VecFrames(VecEnvWrapper):
+    """Block-average a VecEnv's 64x64 frames (and the terminal frames in its infos) to size x size."""
+
+    def __init__(self, venv: VecEnv, size: int):
+        shape = (size, size, venv.observation_space.shape[-1])
+        super().__init__(venv, observation_space=gym.spaces.Box(0, 255, shape, np.uint8))
+        self.size = size
+
+    def reset(self) -> np.ndarray:
+        return policy_frames(self.venv.reset(), self.size)
+
+    def step_wait(self):
+        obs, rewards, dones, infos = self.venv.step_wait()
+        for info in infos:
+            if "terminal_observation" in info:
+                info["terminal_observation"] = policy_frames(info["terminal_observation"], self.size)
+        return policy_frames(obs, self.size), rewards, dones, infos
+
+
+def make_sim_env(
+    checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT,
+    num_envs: int = 16,
+    task: str | None = None,
+    horizon: int = DEFAULT_HORIZON,
+    frame_size: int = DEFAULT_FRAME_SIZE,
+    temperature: float = 0.0,
+) -> VecEnv:
+    """The batched learned simulator as an SB3 VecEnv (episode stats via VecMonitor), frames at `frame_size`."""
+    venv = gym.make_vec("RLVRWorld-RT1-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
+                        checkpoint=checkpoint, horizon=horizon, task=task, temperature=temperature)
+    return VecFrames(VecMonitor(SB3VecEnv(venv)), frame_size)
+
+
+def real_start_states(episodes: int, task: str | None = None, run: int = EVAL_SEED_RUN) -> list[tuple[str, int]]:
+    """(task, env seed) of held-out real start states: seeds run * 1_000_000 + i, tasks in turn unless `task`."""
+    if task is not None and task not in TASKS:
+        raise ValueError(f"unknown task {task!r}: use one of {TASKS}")
+    return [(task or TASKS[i % len(TASKS)], run * SEEDS_PER_RUN + i) for i in range(episodes)]
+
+
+def check_held_out(checkpoint: str | os.PathLike, starts: list[tuple[str, int]]) -> None:
+    """Raise if a real start state is one the learned simulator starts from (scores would not be held out)."""
+    shared = set(load_initial_states(RobotWorldModel.resolve(checkpoint)).seeds.tolist()) & {s for _, s in starts}
+    if shared:
+        raise ValueError(f"real evaluation seeds {sorted(shared)[:5]} are initial states of {checkpoint}; "
+                         "pick another evaluation seed run")
+
+
+def evaluate_in_real(model: BaseAlgorithm, episodes: int = 16, task: str | None = None, horizon: int = DEFAULT_HORIZON,
+                     run: int = EVAL_SEED_RUN) -> dict[str, float]:
+    """Score an SB3 model (deterministic actions on frames at its own size) in the real tabletop from held-out starts.
+
+    Returns `success_rate`, `mean_return` (the real reward: 1 on the success step), `mean_length` and `episodes`.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be at least 1, got {episodes}")
+    act = sb3_actor(model)
+    envs: dict[str, RealRT1Env] = {}
+    outcomes = []
+    try:
+        for name, seed in real_start_states(episodes, task, run):
+            env = envs.setdefault(name, RealRT1Env(task=name, horizon=horizon))
+            outcomes.append(real_rollout(env, seed, lambda frame, _info: act(frame[None])[0]))
+    finally:
+        for env in envs.values():
+            env.close()
+    successes = np.array([o.success for o in outcomes], dtype=float)
+    return {"success_rate": float(successes.mean()), "mean_return": float(successes.mean()),
+            "mean_length": float(np.mean([o.steps for o in outcomes])), "episodes": episodes}

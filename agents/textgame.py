@@ -1,0 +1,180 @@
+"""Agents for the text game: the learned simulator they train in, and the real TextWorld game they are scored in.
+
+    env = make_sim_env("textgame-rlvr", seed=0)           # Discrete commands, Box observation, learned dynamics
+    model = stable_baselines3.DQN("MlpPolicy", env).learn(5_000)
+    evaluate_in_real(model, "textgame-rlvr", episodes=16, seed=0)   # the same start states, real TextWorld
+
+Both envs index commands and encode observations the same way (`rlvr_gym.sim.textgame`), so a policy trained in
+one acts in the other unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from envs.textworld import DEFAULT_GAME_DIR, TextWorldGame
+from rlvr_gym.sim.textgame import (
+    DEFAULT_CHECKPOINT,
+    DEFAULT_MAX_CANDIDATES,
+    DEFAULT_MAX_STEPS,
+    DEFAULT_OBS_DIM,
+    TextGameDiscreteEnv,
+    TextGameWorldEnv,
+    action_mask,
+    candidate_commands,
+    command_for,
+    discrete_spaces,
+    draw_start,
+    encode_observation,
+    load_start_states,
+    open_real_game,
+)
+
+class RealTextWorldDiscreteEnv(gym.Env):
+    """The real TextWorld games of a checkpoint's start states, with TextGameDiscreteEnv's spaces.
+
+    ## Description
+    `reset` regenerates the game of a start state from its seed and starts it in the Inform 7 engine (checked to
+    start where the recorded state does); `step` sends the command an action names. A reset seed draws the same
+    start state as the learned env's reset with that seed.
+
+    ## Action Space
+    `Discrete(max_candidates)` over `candidate_commands(state)` (on real states: the game's admissible commands);
+    past the end of the list, "look".
+
+    ## Observation Space
+    `Box(0, 1, (obs_dim,), float32)`: `encode_observation` of the real state.
+
+    ## Rewards
+    The score gained by the command.
+
+    ## Episode End
+    Terminated when the game is won or lost; truncated after `max_steps` steps.
+    `info`: `state`, `candidates`, `step`, `start_index`, `game_seed`, `objective`, `is_success` (won), `command`.
+
+    ## Arguments
+    - `checkpoint`: whose `textworld_start_states.json` to play (a shipped name or a directory).
+    - `max_steps`, `max_candidates`, `obs_dim`: as the learned env and its discrete wrapper.
+    - `game_dir`: where regenerated games are compiled and cached.
+    """
+
+    metadata = {"render_modes": [], "render_fps": 4}
+
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        max_candidates: int = DEFAULT_MAX_CANDIDATES,
+        obs_dim: int = DEFAULT_OBS_DIM,
+        game_dir: str | os.PathLike = DEFAULT_GAME_DIR,
+    ):
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be a positive number of steps, got {max_steps}")
+        self.observation_space, self.action_space = discrete_spaces(max_candidates, obs_dim)
+        self.starts = load_start_states(checkpoint)
+        self.max_steps = max_steps
+        self.max_candidates = max_candidates
+        self.obs_dim = obs_dim
+        self.game_dir = Path(game_dir)
+        self._games: dict[int, TextWorldGame] = {}
+        self._game: TextWorldGame | None = None
+        self._index = 0
+        self._steps = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self._index, _ = draw_start(self.np_random, len(self.starts), (options or {}).get("index"))
+        if self._index not in self._games:
+            self._games[self._index] = open_real_game(self.starts[self._index], self.game_dir)
+        self._game = self._games[self._index]
+        self._game.reset()
+        self._steps = 0
+        return self._observation(), self._info()
+
+    def step(self, action):
+        if self._game is None:
+            raise RuntimeError("call reset() before step()")
+        command = command_for(action, candidate_commands(self._game.state), self.action_space)
+        _, reward, done = self._game.step(command)
+        self._steps += 1
+        truncated = not done and self._steps >= self.max_steps
+        return self._observation(), reward, done, truncated, {**self._info(), "command": command}
+
+    def action_masks(self) -> np.ndarray:
+        return action_mask(candidate_commands(self._game.state) if self._game else [], self.max_candidates)
+
+    def close(self) -> None:
+        for game in self._games.values():
+            game.close()
+        self._games.clear()
+        self._game = None
+
+    def _observation(self) -> np.ndarray:
+        state = self._game.state
+        return encode_observation(state, self._game.objective, candidate_commands(state), self._steps / self.max_steps,
+                                  self.obs_dim, self.max_candidates)
+
+    def _info(self) -> dict[str, Any]:
+        state = self._game.state
+        start = self.starts[self._index]
+        return {
+            "state": state,
+            "candidates": candidate_commands(state),
+            "step": self._steps,
+            "start_index": self._index,
+            "game_seed": start.seed,
+            "objective": start.objective,
+            "is_success": self._game.won,
+        }
+
+
+def make_sim_env(checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT, seed: int = 0, **kwargs: Any) -> TextGameDiscreteEnv:
+    """The learned text-game env for SB3 (Discrete commands, Box observation), seeded; `kwargs` go to TextGameWorldEnv."""
+    env = TextGameDiscreteEnv(TextGameWorldEnv(checkpoint, **kwargs))
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    return env
+
+
+def evaluate_in_real(
+    policy: Callable[[np.ndarray, dict[str, Any]], int] | Any,
+    checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT,
+    episodes: int = 16,
+    seed: int = 0,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    game_dir: str | os.PathLike = DEFAULT_GAME_DIR,
+) -> dict[str, float]:
+    """Play `episodes` episodes of the real games from the checkpoint's start states (taken in a seeded random
+    order, cycling) with an SB3 model (deterministic `predict`, the wrapper sizes read from its spaces) or a function
+    `(obs, info) -> action` (default sizes).
+
+    Returns `success_rate` (games won), `mean_return` (score gained) and `episodes`.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be at least 1, got {episodes}")
+    is_model = hasattr(policy, "predict")
+    # A model trained with other wrapper sizes sees the real env with those sizes.
+    sizes = {"max_candidates": int(policy.action_space.n), "obs_dim": int(policy.observation_space.shape[0])} if is_model else {}
+    env = RealTextWorldDiscreteEnv(checkpoint, max_steps, game_dir=game_dir, **sizes)
+    order = np.random.default_rng(seed).permutation(len(env.starts))
+    wins, returns = [], []
+    try:
+        for e in range(episodes):
+            obs, info = env.reset(seed=seed + e, options={"index": int(order[e % len(order)])})
+            total, done = 0.0, False
+            while not done:
+                action = policy.predict(obs, deterministic=True)[0] if is_model else policy(obs, info)
+                obs, reward, terminated, truncated, info = env.step(action)
+                total += reward
+                done = terminated or truncated
+            wins.append(info["is_success"])
+            returns.append(total)
+    finally:
+        env.close()
+    return {"success_rate": float(np.mean(wins)), "mean_return": float(np.mean(returns)), "episodes": episodes}

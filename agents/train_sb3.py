@@ -1,0 +1,175 @@
+"""Train an SB3 agent inside a learned simulator and score it in the real environment as it learns.
+
+    python -m agents.train_sb3 --algo ppo --steps 20000 --checkpoint rt1-rlvr --eval-every 2000 --task open_drawer
+    python -m agents.train_sb3 --env RLVRWorld-TextGame-v0 --algo dqn --checkpoint textgame-rlvr --out runs/agents/text-dqn
+
+RT-1: the batched learned simulator (`rlvr_gym.sim.sb3`) on frames block-averaged to --frame-size, MlpPolicy (see
+agents/robot.py for why); scored every --eval-every steps in the MuJoCo tabletop from held-out start states.
+TextGame: `agents.textgame.make_sim_env` / `evaluate_in_real` (same start states, real TextWorld).
+Writes to --out: TensorBoard events and progress.csv (SB3's scalars plus real/*), eval.jsonl (one line per real
+evaluation), checkpoints/ (every --save-every steps), model.zip (final) and args.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from stable_baselines3 import DQN, PPO, SAC  # noqa: E402
+from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback  # noqa: E402
+from stable_baselines3.common.logger import configure  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+RT1_ENV = "RLVRWorld-RT1-v0"
+TEXT_ENV = "RLVRWorld-TextGame-v0"
+ALGOS = {RT1_ENV: ("ppo", "sac"), TEXT_ENV: ("dqn", "ppo")}
+
+
+@dataclass
+class Args:
+    env: Literal["RLVRWorld-RT1-v0", "RLVRWorld-TextGame-v0"] = RT1_ENV
+    """Learned simulator to train in."""
+    algo: Literal["ppo", "sac", "dqn"] = "ppo"
+    """SB3 algorithm: ppo or sac for RT-1, dqn or ppo for the text game."""
+    steps: int = 20_000
+    """Environment steps to train for (summed over sub-envs)."""
+    checkpoint: str = ""
+    """World-model checkpoint of the simulator (a shipped name or a directory); default rt1-rlvr / textgame-rlvr."""
+    eval_every: int = 2_000
+    """Score the agent in the real env every this many steps (and at the end)."""
+    eval_episodes: int = 16
+    """Real episodes per evaluation."""
+    save_every: int = 0
+    """Save an SB3 checkpoint every this many steps (0: as often as --eval-every)."""
+    out: str = ""
+    """Run directory; default runs/agents/rt1-ALGO or runs/agents/textgame-ALGO."""
+    seed: int = 0
+    """Seeds the agent, the simulator's resets, and (text game) the real start states' order."""
+    num_envs: int = 16
+    """RT-1: sub-envs of the batched simulator, stepped in one world-model forward pass."""
+    task: str | None = None
+    """RT-1: train and evaluate on one task (the frames alone do not say which task an episode is); default all."""
+    horizon: int = 50
+    """RT-1: steps per episode in the simulator and the real env."""
+    frame_size: int = 32
+    """RT-1: frames are block-averaged to this size (divides 64) before the policy sees them."""
+    temperature: float = 0.0
+    """RT-1: sampling temperature of the simulator's frames (0: greedy)."""
+    learning_rate: float = 3e-4
+    """Optimizer learning rate."""
+    batch_size: int = 128
+    """Minibatch size of each gradient step."""
+    n_steps: int = 32
+    """PPO: steps per sub-env between updates (rollout = n_steps * num_envs)."""
+    buffer_size: int = 20_000
+    """SAC / DQN: replay buffer size, in transitions."""
+
+
+class RealEvalCallback(BaseCallback):
+    """Every `every` steps, and once at the end, score the model with `evaluate` and log `real/*` (TensorBoard, CSV,
+    eval.jsonl). Keeps the time spent evaluating, so steps/s can leave it out."""
+
+    def __init__(self, evaluate: Callable[[BaseAlgorithm], dict], every: int, path: Path):
+        super().__init__()
+        self.evaluate, self.every, self.path = evaluate, every, path
+        self.next_eval, self.last_eval, self.seconds = every, -1, 0.0
+        self.results: list[dict] = []
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self.next_eval:
+            self._run()
+            self.next_eval += self.every * max(1, (self.num_timesteps - self.next_eval) // self.every + 1)
+        return True
+
+    def _on_training_end(self) -> None:
+        if self.last_eval != self.num_timesteps:
+            self._run()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        result = {"step": self.num_timesteps, **self.evaluate(self.model)}
+        self.seconds += time.perf_counter() - start
+        self.last_eval = self.num_timesteps
+        self.results.append(result)
+        for key, value in result.items():
+            if key != "step":
+                self.logger.record(f"real/{key}", value)
+        self.logger.dump(self.num_timesteps)
+        with self.path.open("a") as f:
+            f.write(json.dumps(result) + "\n")
+        log.info("step %d, real env: %s", self.num_timesteps, result)
+
+
+def make_model(args: Args, env) -> BaseAlgorithm:
+    common = {"learning_rate": args.learning_rate, "batch_size": args.batch_size, "seed": args.seed, "device": "cpu",
+              "policy_kwargs": {"net_arch": [64, 64]}, "verbose": 0}
+    if args.algo == "ppo":
+        return PPO("MlpPolicy", env, n_steps=args.n_steps, n_epochs=4, **common)
+    if args.algo == "sac":
+        return SAC("MlpPolicy", env, buffer_size=args.buffer_size, learning_starts=min(256, args.steps // 2), **common)
+    return DQN("MlpPolicy", env, buffer_size=args.buffer_size, learning_starts=min(256, args.steps // 2), **common)
+
+
+def build(args: Args) -> tuple[object, Callable[[BaseAlgorithm], dict]]:
+    """The training env and the real-env evaluation for `args.env`."""
+    if args.env == RT1_ENV:
+        from agents.robot import DEFAULT_CHECKPOINT, check_held_out, evaluate_in_real, make_sim_env, real_start_states
+
+        checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
+        check_held_out(checkpoint, real_start_states(args.eval_episodes, args.task))
+        env = make_sim_env(checkpoint, args.num_envs, args.task, args.horizon, args.frame_size, args.temperature)
+        return env, lambda model: evaluate_in_real(model, args.eval_episodes, args.task, args.horizon)
+    from agents import textgame
+
+    checkpoint = args.checkpoint or textgame.DEFAULT_CHECKPOINT
+    env = textgame.make_sim_env(checkpoint, args.seed)
+    return env, lambda model: textgame.evaluate_in_real(model, checkpoint, args.eval_episodes, args.seed)
+
+
+def train(args: Args) -> dict:
+    """Train, evaluating in the real env as configured; returns the final real score, steps/s and the model path."""
+    if args.algo not in ALGOS[args.env]:
+        raise ValueError(f"--algo {args.algo} does not fit {args.env}: use one of {ALGOS[args.env]}")
+    if args.steps < 1 or args.eval_every < 1 or args.eval_episodes < 1 or args.num_envs < 1:
+        raise ValueError("steps, eval_every, eval_episodes and num_envs must be >= 1")
+    torch.set_num_threads(1)
+    out = Path(args.out or f"runs/agents/{'rt1' if args.env == RT1_ENV else 'textgame'}-{args.algo}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "args.json").write_text(json.dumps(asdict(args), indent=2))
+    (out / "eval.jsonl").unlink(missing_ok=True)
+    env, evaluate = build(args)
+    model = make_model(args, env)
+    model.set_logger(configure(str(out), ["csv", "tensorboard"]))
+    save_every = max((args.save_every or args.eval_every) // model.n_envs, 1)
+    evaluation = RealEvalCallback(evaluate, args.eval_every, out / "eval.jsonl")
+    start = time.perf_counter()
+    model.learn(args.steps, callback=CallbackList([CheckpointCallback(save_every, str(out / "checkpoints"), args.algo),
+                                                   evaluation]))
+    seconds = time.perf_counter() - start - evaluation.seconds
+    model.save(out / "model.zip")
+    env.close()
+    return {"env": args.env, "algo": args.algo, "steps": int(model.num_timesteps),
+            "steps_per_s": round(model.num_timesteps / seconds, 2), "real": evaluation.results[-1],
+            "model": str(out / "model.zip")}
+
+
+def main() -> None:
+    import tyro
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    print(json.dumps(train(tyro.cli(Args, description=__doc__))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,568 @@
+"""The learned text-game simulator: a text world model stepped from real TextWorld start states, as a Gymnasium env,
+and a wrapper that gives SB3 a Discrete action over the state's commands and a fixed-size observation.
+
+A text world-model checkpoint directory (a Hugging Face causal LM with its tokenizer, see `rlvr_gym.models.lm`) also
+holds the start states the simulator resets to, written by `write_start_states`:
+    textworld_start_states.json   {"textworld_version", "start_states": [{"seed", "nb_rooms", "nb_objects",
+                                   "quest_length", "objective", "state", "walkthrough", "max_score"}, ...]}
+Each is the real initial state of a TextWorld game generated from held-out seeds (no training collection uses
+them), in the ByteSized32 object schema; the game itself is regenerated from its seed to play the same start for
+real (`open_real_game`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import re
+import string
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import gymnasium as gym
+import numpy as np
+
+from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild, states_match
+from rlvr_gym.evaluation.textgame import checked_tokenizer
+from rlvr_gym.models.lm import CheckpointError, load_model, resolve_checkpoint
+from rlvr_gym.models.sampler import sample_texts
+
+if TYPE_CHECKING:
+    from envs.textworld import TextWorldGame
+
+log = logging.getLogger("rlvr_gym")
+
+START_STATES = "textworld_start_states.json"
+DEFAULT_CHECKPOINT = "textgame-rlvr"
+HELD_OUT_SEED = 1_000_000
+"""First seed of the start-state games; `collect textworld` trains on seeds from 0, far below."""
+DEFAULT_MAX_STEPS = 30
+DEFAULT_MAX_NEW_TOKENS = 256
+"""TextWorld diffs are at most ~130 tokens of the ByteSized32 BPE; longer completions are cut and fail to parse."""
+NOOP_COMMAND = "look"
+"""TextWorld's command that changes nothing; the discrete wrappers send it for an index past the candidate list."""
+MAX_OBSERVATION_CHARS = 8192
+MAX_COMMAND_CHARS = 256
+CHARSET = frozenset(string.ascii_letters + string.digits + string.punctuation + " \n")
+DEFAULT_MAX_CANDIDATES = 32
+DEFAULT_OBS_DIM = 512
+
+_ID_SUFFIX = re.compile(r"^(.*) \(ID: -?\d+\)$", re.DOTALL)
+_DIRECTIONS = ("north", "south", "east", "west")
+
+
+# ---------------------------------------------------------------------------------------------------- start states
+
+
+@dataclass(frozen=True)
+class StartState:
+    """The real initial state of a generated TextWorld game, and what regenerates the game."""
+
+    seed: int
+    """TextWorld generation seed."""
+    nb_rooms: int
+    nb_objects: int
+    quest_length: int
+    objective: str
+    """The game's objective text."""
+    state: dict[str, Any]
+    """Initial state in the ByteSized32 schema (`envs.textworld.state_from_facts`)."""
+    walkthrough: list[str]
+    """The real game's winning command sequence from this state."""
+    max_score: float
+
+
+def write_start_states(
+    checkpoint_dir: str | os.PathLike,
+    seeds: Sequence[int] = range(HELD_OUT_SEED, HELD_OUT_SEED + 32),
+    nb_rooms: int = 3,
+    nb_objects: int = 5,
+    quest_length: int = 3,
+    game_dir: str | os.PathLike | None = None,
+) -> Path:
+    """Generate a TextWorld game per seed, record its real initial state, objective, walkthrough and generation
+    arguments in CHECKPOINT_DIR/textworld_start_states.json; returns the file.
+
+    Use seeds no training collection used (the default range starts at 1,000,000). A game whose entities share a name
+    has no state in the object schema and is skipped with a warning. Games are compiled into `game_dir` (default:
+    `envs.textworld.DEFAULT_GAME_DIR`), a cache that `open_real_game` reuses.
+    """
+    import textworld
+
+    from envs.textworld import DEFAULT_GAME_DIR, TextWorldGame, make_game
+
+    if not seeds:
+        raise ValueError("write_start_states needs at least one seed")
+    game_dir = Path(game_dir or DEFAULT_GAME_DIR)
+    starts = []
+    for seed in seeds:
+        game = TextWorldGame(make_game(seed, game_dir, nb_rooms, nb_objects, quest_length))
+        try:
+            state = game.reset()
+            starts.append(StartState(int(seed), nb_rooms, nb_objects, quest_length, game.objective, state,
+                                     game.policy_commands, game.max_score))
+        except ValueError as error:
+            log.warning("skipping TextWorld game of seed %d: %s", seed, error)
+        finally:
+            game.close()
+    if not starts:
+        raise ValueError(f"no game of seeds {list(seeds)} has a state in the object schema; try other seeds")
+    path = Path(checkpoint_dir) / START_STATES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"textworld_version": textworld.__version__, "start_states": [asdict(s) for s in starts]}))
+    os.replace(tmp, path)
+    return path
+
+
+def load_start_states(checkpoint: str | os.PathLike) -> list[StartState]:
+    """The start states shipped with a checkpoint (a shipped name or a directory), checked for their fields."""
+    path = resolve_checkpoint(checkpoint) / START_STATES
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path.parent} has no {START_STATES}, so the simulator has no real states to start from; write them with "
+            "rlvr_gym.sim.textgame.write_start_states(checkpoint_dir)"
+        )
+    try:
+        records = json.loads(path.read_text())["start_states"]
+        starts = [StartState(**r) for r in records]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{path} is corrupt ({type(error).__name__}: {error}); write it again with write_start_states") from None
+    if not starts:
+        raise CheckpointError(f"{path} lists no start states; write it again with write_start_states")
+    for i, s in enumerate(starts):
+        objects = s.state.get("objects") if isinstance(s.state, dict) else None
+        if not isinstance(objects, list) or not objects or not all(_is_object(o) for o in objects) \
+                or any(f not in s.state for f in ("score", "gameOver", "gameWon")):
+            raise CheckpointError(f"{path}: start state {i} is not a state in the object schema; write it again with write_start_states")
+    return starts
+
+
+def open_real_game(start: StartState, game_dir: str | os.PathLike | None = None) -> TextWorldGame:
+    """The real TextWorld game of a start state, regenerated from its seed (cached in `game_dir`), reset, and
+    checked to start where the recorded state does."""
+    from envs.textworld import DEFAULT_GAME_DIR, TextWorldGame, make_game
+
+    path = make_game(start.seed, Path(game_dir or DEFAULT_GAME_DIR), start.nb_rooms, start.nb_objects, start.quest_length)
+    game = TextWorldGame(path)
+    state = game.reset()
+    if not states_match(state, start.state) or game.objective != start.objective:
+        game.close()
+        raise RuntimeError(
+            f"TextWorld generated another game for seed {start.seed} than the one the start states record "
+            f"({path}); delete that file if it is stale, or write the start states again with this TextWorld version"
+        )
+    return game
+
+
+# ---------------------------------------------------------------------------------------------------- commands and views
+
+
+def candidate_commands(state: State) -> list[str]:
+    """TextWorld's commands that apply in a state, built from its objects: go, examine, take (from), drop, put on,
+    insert into, open, close, lock / unlock with a matching key, eat, and inventory and look; sorted.
+
+    On real TextWorld states these are the game's admissible commands. On predicted states the rules read what
+    the objects say (where the agent is, what is open, which key unlocks what); a state without an agent in a room
+    offers only inventory and look.
+    """
+    objects = state["objects"]
+    by_name = {o["name"]: o for o in objects}
+    commands = {"inventory", NOOP_COMMAND}
+    agent = next((o for o in objects if o["type"] == "Agent"), None)
+    rooms = [o for o in objects if o["type"] == "Room" and agent is not None and agent["name"] in o["contains"]]
+    if not rooms:
+        return sorted(commands)
+
+    def contents(o: dict) -> list[dict]:
+        return [by_name[n] for n in o["contains"] if isinstance(n, str) and n in by_name]
+
+    room, inventory = rooms[0], contents(agent)
+    exits = room["properties"].get("connects")
+    doors = [o for o in objects if o["type"] == "Door" and room["name"] in _linked_rooms(o)]
+    for direction, target in (exits.items() if isinstance(exits, dict) else ()):
+        if direction not in _DIRECTIONS or not isinstance(target, str):
+            continue
+        if not any(set(_linked_rooms(d)) == {room["name"], target} and d["properties"].get("isOpen") is not True for d in doors):
+            commands.add(f"go {direction}")
+    for thing in [o for o in contents(room) if o is not agent] + doors:
+        name, props = _label(thing), thing["properties"]
+        commands.add(f"examine {name}")
+        if props.get("isMoveable") is True and thing["type"] != "Door":
+            commands.add(f"take {name}")
+        if props.get("isOpenable") is True:
+            commands |= _lock_commands(thing, inventory)
+        holder = thing["type"] in ("Container", "Supporter") and props.get("isOpen") is not False
+        if holder:
+            for item in contents(thing):
+                commands |= {f"examine {_label(item)}", f"take {_label(item)} from {name}"}
+            verb = "put {} on" if thing["type"] == "Supporter" else "insert {} into"
+            commands |= {f"{verb.format(_label(item))} {name}" for item in inventory}
+    for item in inventory:
+        commands |= {f"examine {_label(item)}", f"drop {_label(item)}"}
+        if item["type"] == "Food":
+            commands.add(f"eat {_label(item)}")
+    return sorted(commands)
+
+
+def render_state(state: State, objective: str) -> str:
+    """The state as text: the objective, the score fields, then one line per object (type, properties, contents)."""
+    lines = [
+        f"Objective: {objective}",
+        f"Score: {_compact(state['score'])}  gameOver: {_compact(state['gameOver'])}  gameWon: {_compact(state['gameWon'])}",
+    ]
+    for o in state["objects"]:
+        line = " ".join([f"{o['name']} [{o['type']}]"] + [f"{k}={_compact(v)}" for k, v in o["properties"].items()])
+        if o["contains"]:
+            line += " contains: " + ", ".join(map(str, o["contains"]))
+        lines.append(line)
+    return to_text_space("\n".join(lines), MAX_OBSERVATION_CHARS)
+
+
+def to_text_space(text: str, max_length: int) -> str:
+    """`text` as a member of a `Text(max_length, charset=CHARSET)` space: other characters become '?', and a text
+    that is too long is cut with a final '...'."""
+    text = "".join(c if c in CHARSET else "?" for c in text)
+    return text if len(text) <= max_length else text[: max_length - 3] + "..."
+
+
+def observation_features(state: State, objective: str) -> set[str]:
+    """What the discrete observation hashes: each object's type, property values and contents, the score fields,
+    and the objective's words."""
+    features = {f"s:{f}={_compact(state[f])}" for f in ("score", "gameOver", "gameWon")}
+    features |= {f"w:{w}" for w in re.findall(r"[a-z0-9]+", objective.lower())}
+    for o in state["objects"]:
+        name = _label(o)
+        features.add(f"o:{name}:{o['type']}")
+        features |= {f"p:{name}:{k}={_compact(v)}" for k, v in o["properties"].items()}
+        features |= {f"c:{name}:{_label_text(str(c))}" for c in o["contains"]}
+    return features
+
+
+def encode_observation(
+    state: State,
+    objective: str,
+    candidates: Sequence[str],
+    step_fraction: float,
+    obs_dim: int = DEFAULT_OBS_DIM,
+    max_candidates: int = DEFAULT_MAX_CANDIDATES,
+) -> np.ndarray:
+    """The discrete wrappers' float32 observation of length `obs_dim`, values in [0, 1]:
+    `[0, obs_dim - max_candidates - 1)` a hashed set of `observation_features` (CRC32, stable across processes),
+    then one slot per candidate index (1 where that index names a command), then the fraction of max_steps done."""
+    bag = obs_dim - max_candidates - 1
+    x = np.zeros(obs_dim, dtype=np.float32)
+    for feature in observation_features(state, objective):
+        x[zlib.crc32(feature.encode("utf-8")) % bag] = 1.0
+    x[bag : bag + min(len(candidates), max_candidates)] = 1.0
+    x[-1] = min(max(step_fraction, 0.0), 1.0)
+    return x
+
+
+def command_for(action: Any, candidates: Sequence[str], action_space: gym.spaces.Discrete) -> str:
+    """The command a discrete action names: candidate `action`, or NOOP_COMMAND ("look") past the end of the list."""
+    if not action_space.contains(action):
+        raise ValueError(f"action must be an int in [0, {action_space.n}), got {action!r}")
+    return candidates[int(action)] if int(action) < len(candidates) else NOOP_COMMAND
+
+
+def action_mask(candidates: Sequence[str], max_candidates: int) -> np.ndarray:
+    """Which discrete actions name a candidate (for sb3-contrib's MaskablePPO)."""
+    mask = np.zeros(max_candidates, dtype=bool)
+    mask[: min(len(candidates), max_candidates)] = True
+    return mask
+
+
+def discrete_spaces(max_candidates: int, obs_dim: int) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
+    if max_candidates < 1 or obs_dim < max_candidates + 2:
+        raise ValueError(f"need max_candidates >= 1 and obs_dim >= max_candidates + 2 (room for hashed features), "
+                         f"got max_candidates={max_candidates}, obs_dim={obs_dim}")
+    return gym.spaces.Box(0.0, 1.0, (obs_dim,), np.float32), gym.spaces.Discrete(max_candidates)
+
+
+def draw_start(rng: np.random.Generator, n: int, index: int | None) -> tuple[int, int]:
+    """(start index, sampling seed) of a reset: `index` when given, else drawn; the real and learned envs draw the
+    same way, so the same reset seed starts both from the same state."""
+    if index is None:
+        index = int(rng.integers(n))
+    elif not isinstance(index, (int, np.integer)) or not 0 <= index < n:
+        raise ValueError(f"options['index'] must be an int in [0, {n}), got {index!r}")
+    # Drawn even when greedy, so that the sequence of start states a seed gives never depends on the temperature.
+    return int(index), int(rng.integers(2**32))
+
+
+def _is_object(o: Any) -> bool:
+    types = {"name": str, "uuid": int, "type": str, "properties": dict, "contains": list}
+    return isinstance(o, dict) and all(isinstance(o.get(k), t) for k, t in types.items())
+
+
+def _linked_rooms(door: dict) -> list:
+    rooms = door["properties"].get("connects")
+    return rooms if isinstance(rooms, list) and all(isinstance(r, str) for r in rooms) else []
+
+
+def _lock_commands(thing: dict, inventory: list[dict]) -> set[str]:
+    props, name = thing["properties"], _label(thing)
+    keys = [_label(k) for k in inventory if k["properties"].get("unlocks") == thing["name"]]
+    if props.get("isLocked") is True:
+        return {f"unlock {name} with {k}" for k in keys}
+    if props.get("isOpen") is True:
+        return {f"close {name}"}
+    return {f"open {name}"} | {f"lock {name} with {k}" for k in keys}
+
+
+def _label(o: dict) -> str:
+    return _label_text(o["name"])
+
+
+def _label_text(name: str) -> str:
+    """A name without its ` (ID: n)` suffix, as the game's commands write it."""
+    match = _ID_SUFFIX.match(name)
+    return match.group(1) if match else name
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+
+
+# ---------------------------------------------------------------------------------------------------- simulator core
+
+
+@dataclass
+class Rollout:
+    """One episode in the learned simulator."""
+
+    index: int
+    """Row of the start state."""
+    start: StartState
+    state: dict[str, Any]
+    """The current (predicted) state."""
+    sample_seed: int
+    steps: int = 0
+    reward: float = 0.0
+    """Score gained by the last step."""
+    completion: str = ""
+    """The model's raw output for the last step."""
+    error: str | None = None
+    """Why the last output could not be used (parse error, context overflow), or None."""
+
+    @property
+    def terminated(self) -> bool:
+        return bool(self.state["gameOver"] or self.state["gameWon"])
+
+
+class TextGameSimulator:
+    """A text world model and the start states shipped with it; `advance` steps any number of rollouts at once."""
+
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT,
+        temperature: float = 0.0,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        batch_size: int = 16,
+    ):
+        if temperature < 0 or max_new_tokens < 1 or batch_size < 1:
+            raise ValueError(f"need temperature >= 0 (0 = greedy), max_new_tokens >= 1 and batch_size >= 1, got "
+                             f"{temperature}, {max_new_tokens}, {batch_size}")
+        self.starts = load_start_states(checkpoint)
+        self.model, tokenizer = load_model(checkpoint)
+        self.tokenizer = checked_tokenizer(tokenizer, checkpoint)
+        self.model.eval()
+        self.temperature = temperature
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self.context = getattr(self.model.config, "max_position_embeddings", None)
+
+    def start(self, rng: np.random.Generator, index: int | None = None) -> Rollout:
+        """A new rollout from start state `index`, or one drawn with `rng`."""
+        index, sample_seed = draw_start(rng, len(self.starts), index)
+        start = self.starts[index]
+        return Rollout(index, start, start.state, sample_seed)
+
+    def advance(self, rollouts: Sequence[Rollout], commands: Sequence[str], seed: int) -> None:
+        """Predict every rollout's next state under its command in batched generation (sampling seeded by `seed`).
+
+        A completion that does not parse, or a state too long for the model's context, leaves the state as it was
+        and sets the rollout's `error`.
+        """
+        bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
+        texts = [format_prompt(r.state, c) for r, c in zip(rollouts, commands)]
+        prompts = [bos + ids for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        fits = [self.context is None or len(p) + self.max_new_tokens <= self.context for p in prompts]
+        outputs = iter(sample_texts(self.model, self.tokenizer, [p for p, ok in zip(prompts, fits) if ok],
+                                    self.batch_size, self.max_new_tokens, temperature=self.temperature, seed=seed)
+                       if any(fits) else [])
+        for r, prompt, ok in zip(rollouts, prompts, fits):
+            r.steps += 1
+            r.reward = 0.0
+            if not ok:
+                r.completion = ""
+                r.error = (f"the state no longer fits the model's context: {len(prompt)} prompt tokens + "
+                           f"{self.max_new_tokens} new > {self.context}")
+                continue
+            r.completion = next(outputs)[0]
+            diff, r.error = parse_diff(r.completion, r.state)
+            if diff is not None:
+                next_state = rebuild(r.state, diff)
+                r.reward = float(next_state["score"]) - float(r.state["score"])
+                r.state = next_state
+
+
+# ---------------------------------------------------------------------------------------------------- envs
+
+
+class TextGameWorldEnv(gym.Env):
+    """TextWorld games as a text world model predicts them, from real start states.
+
+    ## Description
+    Each step formats the current state and the command as the model's prompt (`format_prompt`), lets the model
+    write the diff, and rebuilds the next state from it (`parse_diff`, `rebuild`). Nothing of TextWorld runs: the
+    next state, score and game end all come from the model. Any command is sent to the model, an invalid one like
+    any other: a model that learned TextWorld predicts "nothing happens" (the empty diff) for it.
+
+    ## Action Space
+    `Text(256)`: a command such as "go east" or "take key from table" (`info["candidates"]` lists those that apply
+    in the current state). Characters outside the space's charset still reach the model; a non-string raises ValueError.
+
+    ## Observation Space
+    `Text(8192, charset=printable ASCII)`: the objective, the score fields and one line per object of the current
+    state (`render_state`); other characters become '?', and a longer rendering is cut with '...'.
+
+    ## Rewards
+    The predicted score minus the previous score.
+
+    ## Starting State
+    The real initial state of a held-out TextWorld game from the checkpoint's `textworld_start_states.json`, drawn
+    with the env's `np_random`; `reset(options={"index": i})` picks start state i.
+
+    ## Episode End
+    Terminated when the predicted state has gameOver or gameWon. Truncated after `max_steps` steps, and at once
+    when the model's output cannot be parsed or the state outgrows the model's context (then `info["error"]` says
+    why and the state stays as it was); model output never raises.
+    `info`: `state` (the predicted state), `candidates` (commands built from it, `candidate_commands`), `error`,
+    `completion` (the raw output), `step`, `start_index`, `game_seed` (regenerates the real game), `objective`,
+    `is_success` (predicted gameWon).
+
+    ## Arguments
+    - `checkpoint`: a shipped name or a Hugging Face directory with its tokenizer and start states (default "textgame-rlvr").
+    - `max_steps`: steps before truncation (default 30).
+    - `temperature`: 0 for greedy predictions; > 0 samples them, seeded from `np_random` at reset, so the same
+      reset seed gives the same rollout.
+    - `max_new_tokens`: completion length limit; a longer diff is cut and fails to parse.
+    - `render_mode`: None or "ansi"; `render()` returns the observation text.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        temperature: float = 0.0,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        render_mode: str | None = None,
+    ):
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be a positive number of steps, got {max_steps}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.sim = TextGameSimulator(checkpoint, temperature, max_new_tokens, batch_size=1)
+        self.max_steps = max_steps
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Text(MAX_OBSERVATION_CHARS, min_length=0, charset=CHARSET)
+        self.action_space = gym.spaces.Text(MAX_COMMAND_CHARS, min_length=0, charset=CHARSET)
+        self._rollout: Rollout | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self._rollout = self.sim.start(self.np_random, (options or {}).get("index"))
+        return self._observation(), self._info()
+
+    def step(self, command: str):
+        if self._rollout is None:
+            raise RuntimeError("call reset() before step()")
+        if not isinstance(command, str):
+            raise ValueError(f"the action is a command string such as 'go east', got {type(command).__name__} {command!r}")
+        r = self._rollout
+        self.sim.advance([r], [command], seed=r.sample_seed + r.steps)
+        terminated = r.error is None and r.terminated
+        truncated = not terminated and (r.error is not None or r.steps >= self.max_steps)
+        return self._observation(), r.reward, terminated, truncated, self._info()
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            gym.logger.warn("render() called without a render_mode: make the env with render_mode='ansi'")
+            return None
+        return self._observation() if self._rollout is not None else ""
+
+    @property
+    def rollout(self) -> Rollout | None:
+        """The current episode."""
+        return self._rollout
+
+    def _observation(self) -> str:
+        return render_state(self._rollout.state, self._rollout.start.objective)
+
+    def _info(self) -> dict[str, Any]:
+        r = self._rollout
+        return {
+            "state": copy.deepcopy(r.state),
+            "candidates": candidate_commands(r.state),
+            "error": r.error,
+            "completion": r.completion,
+            "step": r.steps,
+            "start_index": r.index,
+            "game_seed": r.start.seed,
+            "objective": r.start.objective,
+            "is_success": bool(r.state["gameWon"]),
+        }
+
+
+class TextGameDiscreteEnv(gym.Wrapper):
+    """A TextGameWorldEnv for SB3: a Discrete action over the current candidate commands, a fixed-size Box observation.
+
+    ## Action Space
+    `Discrete(max_candidates)`: action i sends `info["candidates"][i]` (sorted; a state with more candidates than
+    max_candidates loses the last ones). An index past the end of the list sends "look", TextWorld's no-op, so
+    every action is legal; `action_masks()` marks the indices that name a candidate, for MaskablePPO.
+
+    ## Observation Space
+    `Box(0, 1, (obs_dim,), float32)` from `encode_observation`: a hashed set of the state's (object, property,
+    value) and (object, content) features and the objective's words, one slot per valid candidate index, and the
+    fraction of max_steps done.
+
+    Rewards, episode end and `info` are the wrapped env's; `info["command"]` is the command an action sent.
+    """
+
+    def __init__(self, env: gym.Env, max_candidates: int = DEFAULT_MAX_CANDIDATES, obs_dim: int = DEFAULT_OBS_DIM):
+        super().__init__(env)
+        self.observation_space, self.action_space = discrete_spaces(max_candidates, obs_dim)
+        self.max_candidates = max_candidates
+        self.obs_dim = obs_dim
+        self._info: dict[str, Any] = {}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        _, self._info = self.env.reset(seed=seed, options=options)
+        return self._encode(), self._info
+
+    def step(self, action):
+        if not self._info:
+            raise RuntimeError("call reset() before step()")
+        command = command_for(action, self._info["candidates"], self.action_space)
+        _, reward, terminated, truncated, self._info = self.env.step(command)
+        return self._encode(), float(reward), terminated, truncated, {**self._info, "command": command}
+
+    def action_masks(self) -> np.ndarray:
+        return action_mask(self._info.get("candidates", []), self.max_candidates)
+
+    def _encode(self) -> np.ndarray:
+        i = self._info
+        return encode_observation(i["state"], i["objective"], i["candidates"], i["step"] / self.get_wrapper_attr("max_steps"),
+                                  self.obs_dim, self.max_candidates)

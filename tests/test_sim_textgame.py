@@ -1,0 +1,309 @@
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import rlvr_gym  # noqa: F401  (registers the env ids)
+from agents.textgame import RealTextWorldDiscreteEnv, evaluate_in_real, make_sim_env
+from envs.textworld import TextWorldGame, make_game
+from rlvr_gym.domains.textgame import format_prompt, states_match
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
+from rlvr_gym.sim.textgame import (
+    CHARSET,
+    HELD_OUT_SEED,
+    NOOP_COMMAND,
+    START_STATES,
+    TextGameDiscreteEnv,
+    TextGameWorldEnv,
+    candidate_commands,
+    encode_observation,
+    load_start_states,
+    open_real_game,
+    render_state,
+    write_start_states,
+)
+from rlvr_gym.train.textgame import train_tokenizer
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+SEEDS = (HELD_OUT_SEED, HELD_OUT_SEED + 1)
+SIZE = dict(nb_rooms=3, nb_objects=5, quest_length=3)
+
+
+@pytest.fixture(scope="module")
+def game_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("textworld_games")
+
+
+@pytest.fixture(scope="module")
+def start_file(tmp_path_factory, game_dir) -> Path:
+    return write_start_states(tmp_path_factory.mktemp("starts"), SEEDS, **SIZE, game_dir=game_dir)
+
+
+def make_checkpoint(directory: Path, start_file: Path, no_change_steps: int = 0) -> Path:
+    """A real, tiny Llama with a BPE tokenizer trained on the start states' prompts, beside the start states.
+
+    Untrained (no_change_steps=0) it writes garbage; trained for a few steps on "{}" it predicts "no change".
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(start_file, directory / START_STATES)
+    states = [s["state"] for s in json.loads(start_file.read_text())["start_states"]]
+    pairs = [(format_prompt(s, c), "{}") for s in states for c in candidate_commands(s)]
+    tokenizer = train_tokenizer([p for p, _ in pairs] + ["{}"], 1024)
+    torch.manual_seed(0)
+    model = build_llama(len(tokenizer), LlamaSize(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_positions=1024), tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(no_change_steps):
+        prompt, target = pairs[step % len(pairs)]
+        p = [tokenizer.bos_token_id] + tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        y = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        loss = model(input_ids=torch.tensor([p + y]), labels=torch.tensor([[-100] * len(p) + y])).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def garbage_checkpoint(tmp_path_factory, start_file) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("garbage"), start_file)
+
+
+@pytest.fixture(scope="module")
+def no_change_checkpoint(tmp_path_factory, start_file) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("no_change"), start_file, no_change_steps=40)
+
+
+def quiet_check_env(env) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(env, skip_render_check=True)
+
+
+# ---------------------------------------------------------------------------------------------------- start states
+
+
+def test_start_states_round_trip_to_the_real_games(start_file, garbage_checkpoint, game_dir):
+    starts = load_start_states(garbage_checkpoint)
+    assert [s.seed for s in starts] == list(SEEDS)
+    for start in starts:
+        assert (start.nb_rooms, start.nb_objects, start.quest_length) == tuple(SIZE.values())
+        game = open_real_game(start, game_dir)
+        try:
+            assert states_match(game.state, start.state) and game.objective == start.objective
+            for command in start.walkthrough:
+                game.step(command)
+            assert game.won and game.score == start.max_score > 0
+        finally:
+            game.close()
+
+
+def test_missing_or_corrupt_start_states_raise_a_checkpoint_error(tmp_path, garbage_checkpoint):
+    bare = tmp_path / "bare"
+    shutil.copytree(garbage_checkpoint, bare)
+    (bare / START_STATES).unlink()
+    with pytest.raises(CheckpointError, match="write_start_states"):
+        load_start_states(bare)
+    (bare / START_STATES).write_text('{"start_states": [{"seed": 1}]}')
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_start_states(bare)
+
+
+def test_open_real_game_refuses_a_game_that_differs_from_the_record(tmp_path, garbage_checkpoint, game_dir):
+    start = load_start_states(garbage_checkpoint)[0]
+    cached, other = (make_game(seed, game_dir, **SIZE) for seed in SEEDS)
+    for suffix in (".z8", ".json"):  # a stale cache: another game under this start's file name
+        shutil.copy(other.with_suffix(suffix), tmp_path / cached.with_suffix(suffix).name)
+    with pytest.raises(RuntimeError, match="another game"):
+        open_real_game(start, tmp_path)
+
+# ---------------------------------------------------------------------------------------------------- candidates and views
+
+
+def test_candidates_are_the_admissible_commands_along_real_episodes(game_dir):
+    rng = np.random.default_rng(0)
+    for seed in SEEDS:
+        game = TextWorldGame(make_game(seed, game_dir, **SIZE))
+        try:
+            state = game.reset()
+            for _ in range(20):
+                assert candidate_commands(state) == sorted(set(game.admissible_commands))
+                state, _, done = game.step(game.admissible_commands[rng.integers(len(game.admissible_commands))])
+                if done:
+                    break
+        finally:
+            game.close()
+
+
+def test_candidates_follow_the_predicted_state(start_file):
+    state = json.loads(start_file.read_text())["start_states"][0]["state"]
+    agent = state["objects"][0]
+    room = next(o for o in state["objects"] if agent["name"] in o["contains"])
+    key = next(o for o in state["objects"] if o["type"] == "Key")
+    box = next(o for o in state["objects"] if o["name"] == key["properties"]["unlocks"])
+    label = key["name"].split(" (ID")[0]
+    assert not any(label in c for c in candidate_commands(state) if c.startswith(("drop", "unlock")))
+
+    # A predicted state in which the agent holds the key in the box's room: drop and unlock become possible.
+    for o in state["objects"]:
+        o["contains"] = [n for n in o["contains"] if n not in (key["name"], agent["name"], box["name"])]
+    agent["contains"].append(key["name"])
+    room["contains"] += [agent["name"], box["name"]]
+    commands = candidate_commands(state)
+    assert f"drop {label}" in commands
+    assert f"unlock {box['name'].split(' (ID')[0]} with {label}" in commands
+    assert candidate_commands({**state, "objects": [o for o in state["objects"] if o["type"] != "Agent"]}) == ["inventory", "look"]
+    room["properties"]["connects"] = {"north": ["a list"], "up": room["name"]}  # what a model might write
+    assert not any(c.startswith("go ") for c in candidate_commands(state))
+
+
+def test_rendering_stays_in_the_observation_space_for_any_predicted_text(start_file):
+    state = json.loads(start_file.read_text())["start_states"][0]["state"]
+    state["objects"][1]["name"] = "caf\u00e9\tbox (ID: 1)"
+    state["objects"][1]["properties"]["notes"] = "x" * 10_000
+    text = render_state(state, "win \u2603")
+    space = gym.spaces.Text(8192, min_length=0, charset=CHARSET)
+    assert space.contains(text) and text.endswith("...")
+    assert "caf?" in text and "win ?" in text
+
+
+def test_observation_encoding_marks_candidates_and_tells_states_apart(start_file):
+    first, second = (s["state"] for s in json.loads(start_file.read_text())["start_states"])
+    a = encode_observation(first, "goal", candidate_commands(first), 0.5, obs_dim=128, max_candidates=16)
+    b = encode_observation(second, "goal", candidate_commands(second), 0.5, obs_dim=128, max_candidates=16)
+    assert a.shape == (128,) and a.dtype == np.float32 and a.min() >= 0 and a.max() <= 1
+    assert a[111:127].sum() == min(len(candidate_commands(first)), 16) and a[-1] == 0.5
+    assert not np.array_equal(a[:111], b[:111])
+    np.testing.assert_array_equal(a, encode_observation(first, "goal", candidate_commands(first), 0.5, 128, 16))
+
+
+# ---------------------------------------------------------------------------------------------------- learned env
+
+
+def test_raw_env_passes_gymnasium_check_env(no_change_checkpoint):
+    quiet_check_env(TextGameWorldEnv(no_change_checkpoint, max_steps=5))
+
+
+def test_discrete_env_passes_gymnasium_and_sb3_check_env(no_change_checkpoint):
+    env = TextGameDiscreteEnv(TextGameWorldEnv(no_change_checkpoint, max_steps=5), max_candidates=16, obs_dim=128)
+    quiet_check_env(env)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sb3_check_env(env)
+
+
+def test_gym_make_with_a_checkpoint_directory_renders_the_observation(no_change_checkpoint):
+    env = gym.make("RLVRWorld-TextGame-v0", checkpoint=str(no_change_checkpoint), render_mode="ansi")
+    obs, info = env.reset(seed=0, options={"index": 1})
+    assert obs.startswith("Objective: ") and env.render() == obs
+    assert info["game_seed"] == SEEDS[1] and info["start_index"] == 1
+    with pytest.raises(ValueError, match="index"):
+        env.reset(options={"index": 2})
+
+
+def test_no_change_model_steps_candidates_until_max_steps(no_change_checkpoint):
+    env = TextGameWorldEnv(no_change_checkpoint, max_steps=3)
+    obs, info = env.reset(seed=0)
+    start = info["state"]
+    for step in range(1, 4):
+        obs, reward, terminated, truncated, info = env.step(info["candidates"][step])
+        assert info["error"] is None and info["completion"] == "{}" and reward == 0.0 and not terminated
+        assert truncated == (step == 3) and info["step"] == step
+        assert info["state"] == start and info["candidates"] == candidate_commands(start)
+
+
+def test_unparsable_output_truncates_with_the_error_and_keeps_the_state(garbage_checkpoint):
+    env = TextGameWorldEnv(garbage_checkpoint, max_steps=30, max_new_tokens=16)
+    obs, info = env.reset(seed=0)
+    next_obs, reward, terminated, truncated, next_info = env.step(info["candidates"][0])
+    assert truncated and not terminated and reward == 0.0
+    assert isinstance(next_info["error"], str) and next_info["completion"] != ""
+    assert next_info["state"] == info["state"] and next_obs == obs
+
+
+def test_state_too_long_for_the_context_truncates(no_change_checkpoint):
+    env = TextGameWorldEnv(no_change_checkpoint, max_new_tokens=1000)
+    _, info = env.reset(seed=0)
+    *_, terminated, truncated, info = env.step("look")
+    assert truncated and not terminated and "context" in info["error"]
+
+
+def test_same_seed_gives_the_same_sampled_rollout(garbage_checkpoint):
+    def first_completion(seed: int) -> tuple[str, str]:
+        env = TextGameWorldEnv(garbage_checkpoint, temperature=1.0, max_new_tokens=24)
+        _, info = env.reset(seed=seed)
+        obs, *_, info = env.step("go east")
+        return obs, info["completion"]
+
+    assert first_completion(3) == first_completion(3)
+    assert len({first_completion(seed)[1] for seed in range(4)}) > 1
+
+
+def test_discrete_actions_past_the_candidate_list_send_look(no_change_checkpoint):
+    env = TextGameDiscreteEnv(TextGameWorldEnv(no_change_checkpoint, max_steps=5), max_candidates=32)
+    _, info = env.reset(seed=0)
+    n = len(info["candidates"])
+    assert env.action_masks().tolist() == [True] * n + [False] * (32 - n)
+    *_, info = env.step(n)
+    assert info["command"] == NOOP_COMMAND
+    *_, info = env.step(0)
+    assert info["command"] == info["candidates"][0]
+    with pytest.raises(ValueError, match="action"):
+        env.step(32)
+
+
+# ---------------------------------------------------------------------------------------------------- real counterpart
+
+
+def test_real_env_starts_where_the_sim_does_and_plays_the_walkthrough(no_change_checkpoint, game_dir):
+    real = RealTextWorldDiscreteEnv(no_change_checkpoint, max_steps=10, game_dir=game_dir)
+    sim = make_sim_env(no_change_checkpoint, seed=0)
+    try:
+        for seed in range(3):
+            _, real_info = real.reset(seed=seed)
+            _, sim_info = sim.reset(seed=seed)
+            assert real_info["start_index"] == sim_info["start_index"]
+            assert states_match(real_info["state"], sim_info["state"])
+        obs, info = real.reset(options={"index": 0})
+        sim_obs, _ = sim.reset(options={"index": 0})
+        np.testing.assert_array_equal(obs, sim_obs)  # one encoding for both envs
+        total, terminated = 0.0, False
+        for command in real.starts[0].walkthrough:
+            assert not terminated
+            obs, reward, terminated, truncated, info = real.step(info["candidates"].index(command))
+            assert info["command"] == command and obs in real.observation_space
+            total += reward
+        assert terminated and not truncated and info["is_success"] and total == real.starts[0].max_score
+    finally:
+        real.close()
+
+
+def test_evaluate_in_real_scores_the_walkthrough_and_a_do_nothing_policy(no_change_checkpoint, game_dir):
+    starts = load_start_states(no_change_checkpoint)
+
+    def walkthrough(obs, info) -> int:
+        plan = starts[info["start_index"]].walkthrough
+        return info["candidates"].index(plan[info["step"]])
+
+    result = evaluate_in_real(walkthrough, no_change_checkpoint, episodes=2, seed=0, game_dir=game_dir)
+    assert result == {"success_rate": 1.0, "mean_return": np.mean([s.max_score for s in starts]), "episodes": 2}
+    idle = evaluate_in_real(lambda obs, info: 31, no_change_checkpoint, episodes=1, seed=0, max_steps=3, game_dir=game_dir)
+    assert idle == {"success_rate": 0.0, "mean_return": 0.0, "episodes": 1}
+
+
+def test_an_sb3_model_trained_in_the_sim_is_scored_in_real(no_change_checkpoint, game_dir):
+    from stable_baselines3 import DQN
+
+    env = make_sim_env(no_change_checkpoint, seed=0, max_steps=4)
+    model = DQN("MlpPolicy", env, learning_starts=8, buffer_size=64, train_freq=4, seed=0).learn(24)
+    result = evaluate_in_real(model, no_change_checkpoint, episodes=2, seed=0, max_steps=4, game_dir=game_dir)
+    assert result["episodes"] == 2 and 0.0 <= result["success_rate"] <= 1.0 and result["mean_return"] >= 0.0

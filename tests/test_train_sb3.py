@@ -1,0 +1,94 @@
+"""SB3 agents trained inside the learned simulators (tiny world models made here) and scored in the real envs:
+the MuJoCo tabletop from held-out start states, and TextWorld."""
+
+import csv
+import json
+
+import pytest
+from stable_baselines3 import PPO
+
+from agents.robot import EVAL_SEED_RUN, check_held_out, evaluate_in_real, make_sim_env, real_start_states
+from agents.train_sb3 import Args, train
+from rlvr_gym.data.episodes import SEEDS_PER_RUN, CollectConfig, collect, load_episodes
+from rlvr_gym.models.lm import LlamaSize
+from rlvr_gym.sim.robot import save_initial_states
+from rlvr_gym.train.robot import RT1MLEConfig, TokenizerConfig, run_rt1_mle, train_frame_tokenizer
+from rlvr_gym.train.sft import SFTConfig
+from test_sim_textgame import game_dir, garbage_checkpoint, start_file  # noqa: F401  (a tiny learned text game)
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rt1agents")
+    collect(CollectConfig(out=str(root / "train"), episodes=4, seed=11, horizon=8))
+    tokenizer = train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "tok"), data=str(root / "train"), steps=4, batch_size=8))
+    world = run_rt1_mle(RT1MLEConfig(data=str(root / "train"), tokenizer=str(tokenizer), out=str(root / "mle"),
+                                     size=LlamaSize(32, 1, 2, 64, 1024),
+                                     sft=SFTConfig(steps=3, batch_size=4, micro_batch=4, save_every=3)))
+    save_initial_states(world, load_episodes(root / "train"))
+    return str(world)
+
+
+def test_ppo_trains_in_the_learned_sim_and_is_scored_in_the_real_env(tiny_world, tmp_path):
+    args = Args(algo="ppo", steps=256, checkpoint=tiny_world, eval_every=128, eval_episodes=2, num_envs=8, horizon=8,
+                n_steps=16, batch_size=64, out=str(tmp_path))
+    result = train(args)
+    assert result["steps"] == 256 and result["steps_per_s"] > 0
+    evals = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [128, 256]
+    assert all(0.0 <= e["success_rate"] <= 1.0 and e["episodes"] == 2 and 1 <= e["mean_length"] <= 8 for e in evals)
+    assert result["real"] == evals[-1]
+    with (tmp_path / "progress.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {"real/success_rate", "real/mean_return", "train/value_loss", "rollout/ep_len_mean"} <= set(rows[0])
+    assert list(tmp_path.glob("events.out.tfevents.*")), "TensorBoard events are written"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ppo_128_steps.zip", "ppo_256_steps.zip"]
+    model = PPO.load(tmp_path / "model.zip", device="cpu")
+    assert model.observation_space.shape[1:] == (32, 32), "the policy acts on 32x32 frames"
+    # The saved agent is scored again, independently, from the same held-out real starts: same deterministic result.
+    again = evaluate_in_real(model, episodes=2, horizon=8)
+    assert again == {k: v for k, v in evals[-1].items() if k != "step"}
+
+
+def test_sac_trains_in_the_learned_sim(tiny_world, tmp_path):
+    result = train(Args(algo="sac", steps=64, checkpoint=tiny_world, eval_every=64, eval_episodes=1, num_envs=4,
+                        horizon=6, batch_size=16, buffer_size=500, frame_size=16, out=str(tmp_path)))
+    assert result["steps"] == 64 and result["real"]["episodes"] == 1
+    with (tmp_path / "progress.csv").open() as f:
+        assert any(row.get("train/actor_loss") for row in csv.DictReader(f)), "SAC took gradient steps"
+
+
+def test_sim_env_gives_downsampled_frames_and_episode_stats(tiny_world):
+    venv = make_sim_env(tiny_world, num_envs=2, horizon=3, frame_size=16)
+    obs = venv.reset()
+    assert obs.shape == (2, 16, 16, 3)
+    ended = []
+    for _ in range(3):
+        obs, _, dones, infos = venv.step(venv.action_space.sample()[None].repeat(2, 0))
+        assert obs.shape == (2, 16, 16, 3)
+        ended += [info for done, info in zip(dones, infos) if done]
+    assert len(ended) >= 2, "every sub-env ends within its 3-step horizon"
+    assert all(info["terminal_observation"].shape == (16, 16, 3) and "episode" in info for info in ended)
+    venv.close()
+
+
+def test_real_scores_come_from_held_out_start_states(tiny_world):
+    starts = real_start_states(5)
+    assert [t for t, _ in starts][:4] == ["open_drawer", "close_drawer", "move_near", "push_to_target"]
+    assert all(seed // SEEDS_PER_RUN == EVAL_SEED_RUN for _, seed in starts)
+    check_held_out(tiny_world, starts)
+    with pytest.raises(ValueError, match="initial states of"):
+        check_held_out(tiny_world, [("open_drawer", 11 * SEEDS_PER_RUN)])
+
+
+@pytest.mark.parametrize("env, algo", [("RLVRWorld-RT1-v0", "dqn"), ("RLVRWorld-TextGame-v0", "sac")])
+def test_algorithm_must_fit_the_env(env, algo, tmp_path):
+    with pytest.raises(ValueError, match="does not fit"):
+        train(Args(env=env, algo=algo, out=str(tmp_path)))
+
+
+def test_dqn_trains_in_the_learned_text_game_and_is_scored_in_real_textworld(garbage_checkpoint, tmp_path):
+    result = train(Args(env="RLVRWorld-TextGame-v0", algo="dqn", steps=24, checkpoint=str(garbage_checkpoint), eval_every=24,
+                        eval_episodes=1, batch_size=8, buffer_size=100, out=str(tmp_path)))
+    assert result["steps"] == 24 and result["real"]["episodes"] == 1 and 0.0 <= result["real"]["success_rate"] <= 1.0
+    assert (tmp_path / "checkpoints" / "dqn_24_steps.zip").is_file()
