@@ -1,0 +1,190 @@
+"""The learned web simulator on real MiniWoB++ pages: start pages, the Gymnasium contract, refusals and truncation,
+seeded rollouts, and the SB3 wrapper. One browser records the pages and transitions; the world models are tiny
+Llamas, one untrained (its output never parses) and one trained for a few seconds on the recorded transitions."""
+
+import json
+import re
+import shutil
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+from envs.web import WebTaskEnv, browser_available, record_transitions
+from rlvr_gym.domains.web import apply_diff, parse_target
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
+from rlvr_gym.sim.web import (
+    CANDIDATE_FEATURES,
+    START_PAGES,
+    WebDiscreteEnv,
+    WebWorldEnv,
+    WebWorldModel,
+    candidate_actions,
+    load_start_pages,
+    quoted_strings,
+    write_start_pages,
+)
+from rlvr_gym.train.sft import SFTConfig, train_sft
+from rlvr_gym.train.web import encode_examples, train_web_tokenizer, transition_texts
+
+pytestmark = pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
+TASKS = ("click-test-2", "enter-text")
+SEEDS = (2_000_000, 2_000_001)
+TINY = LlamaSize(hidden_size=48, layers=1, heads=2, intermediate_size=96, max_positions=512)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """(untrained checkpoint with start pages, recorded transitions)."""
+    import torch
+
+    untrained = tmp_path_factory.mktemp("untrained")
+    env = WebTaskEnv(TASKS[0], max_steps=4)
+    try:
+        records = list(record_transitions(TASKS, episodes=3, seed=0, skill_mix=(1.0, 0.3), max_steps=4, env=env))
+        tokenizer = train_web_tokenizer(transition_texts(records), 300)
+        torch.manual_seed(0)
+        build_llama(len(tokenizer), TINY, tokenizer).save_pretrained(untrained)
+        tokenizer.save_pretrained(untrained)
+        write_start_pages(untrained, TASKS, SEEDS, env=env)
+    finally:
+        env.close()
+    return untrained, records
+
+
+@pytest.fixture(scope="module")
+def untrained(recorded):
+    return recorded[0]
+
+
+@pytest.fixture(scope="module")
+def trained(recorded, tmp_path_factory):
+    untrained, records = recorded
+    from rlvr_gym.evaluation.textgame import load_tokenizer
+
+    examples, _ = encode_examples(records, load_tokenizer(untrained), 300, 200)
+    run = tmp_path_factory.mktemp("sft")
+    final = train_sft(SFTConfig(run_dir=str(run), model=str(untrained), steps=120, lr=1e-2, warmup_steps=5,
+                                batch_size=8, micro_batch=8, save_every=120, eval_every=10**6), examples)  # fmt: skip
+    shutil.copy(untrained / START_PAGES, final / START_PAGES)
+    return final
+
+
+def test_start_pages_are_the_real_pages_of_each_task_and_seed(untrained):
+    pages = load_start_pages(untrained)
+    assert [(p.task, p.seed) for p in pages] == [(t, s) for t in TASKS for s in SEEDS]
+    for page in pages:
+        assert page.tree.startswith("[1] RootWebArea") and page.utterance
+    enter = [p for p in pages if p.task == "enter-text"]
+    assert enter[0].utterance != enter[1].utterance and quoted_strings(enter[0].utterance)
+
+
+def test_missing_or_corrupt_start_pages_say_how_to_fix(untrained, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(untrained, ckpt)
+    (ckpt / START_PAGES).write_text(json.dumps({"format": "other", "pages": []}))
+    with pytest.raises(CheckpointError, match="write_start_pages"):
+        load_start_pages(ckpt)
+    (ckpt / START_PAGES).unlink()
+    with pytest.raises(CheckpointError, match="write_start_pages"):
+        WebWorldEnv(ckpt)
+    with pytest.raises(ValueError, match="no start pages of task"):
+        WebWorldEnv(untrained, task="book-flight", max_new_tokens=16)
+
+
+def test_candidates_click_visible_elements_and_type_quoted_text(untrained):
+    for page in load_start_pages(untrained):
+        ids = [line.split("]")[0].strip("\t[") for line in page.tree.split("\n")[1:]]
+        clicks = [f"click [{i}]" for i in ids]
+        if page.task == "click-test-2":
+            assert candidate_actions(page.utterance, page.tree) == clicks
+        else:
+            (word,) = quoted_strings(page.utterance)
+            assert candidate_actions(page.utterance, page.tree) == [clicks[0], f'type [{ids[0]}] "{word}"', clicks[1]]
+    tree = "[1] RootWebArea 'T' focused: true\n\t[2] tab 'A'\n\t[3] tabpanel 'A' hidden: true\n\t\t[4] link 'x' hidden: true"
+    assert candidate_actions('Click "x".', tree) == ["click [2]"]
+
+
+def test_envs_pass_gymnasium_and_sb3_checkers(untrained):
+    made = gym.make("RLVRWorld-Web-v0", checkpoint=str(untrained), max_new_tokens=16)
+    check_env(made.unwrapped)  # through the spec: the "ansi" render mode too
+    sb3_check_env(WebDiscreteEnv(WebWorldEnv(untrained, max_new_tokens=16)))
+
+
+def test_refused_actions_leave_the_page_and_say_why(untrained):
+    env = WebWorldEnv(untrained, max_steps=3, max_new_tokens=16)
+    obs, info = env.reset(seed=0)
+    for action, reason in (("click [999]", r"no element \[999\]"), ("scroll down", "cannot parse")):
+        after, reward, terminated, truncated, step_info = env.step(action)
+        assert after == obs and reward == 0.0 and not terminated and not truncated
+        assert re.search(reason, step_info["error"])
+    _, _, _, truncated, _ = env.step("click [0]")
+    assert truncated  # refused steps count towards max_steps
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(info["candidates"][0])
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="string"):
+        env.step(3)
+
+
+def test_unparsable_model_output_truncates_with_the_parse_error(untrained):
+    env = WebWorldEnv(untrained, max_new_tokens=24)
+    obs, info = env.reset(seed=1)
+    after, reward, terminated, truncated, step_info = env.step(info["candidates"][0])
+    assert truncated and not terminated and reward == 0.0 and after == obs
+    assert "does not parse" in step_info["error"] and step_info["prediction"]
+
+
+def test_same_seed_same_rollout_when_sampling(untrained):
+    env = WebWorldEnv(untrained, temperature=1.0, max_new_tokens=24)
+
+    def first_prediction(seed):
+        _, info = env.reset(seed=seed)
+        return env.step(info["candidates"][0])[4]["prediction"]
+
+    assert first_prediction(5) == first_prediction(5)
+    assert len({first_prediction(s) for s in range(4)}) > 1
+
+
+def test_predicted_diff_reward_and_done_drive_the_episode(trained):
+    env = WebWorldEnv(trained, task="click-test-2", max_steps=4, max_new_tokens=100)
+    rollouts = []
+    for _ in range(2):
+        obs, info = env.reset(seed=7)
+        steps, done = [], False
+        while not done:
+            before = info["tree"]
+            obs, reward, terminated, truncated, info = env.step(info["candidates"][0] if info["candidates"] else "click [1]")
+            steps.append((obs, reward, terminated, truncated, info["error"]))
+            if info["error"] is None:
+                target, _ = parse_target(info["prediction"])
+                assert info["tree"] == apply_diff(before, target) and obs.endswith(info["tree"])
+                assert reward == np.clip(target["reward"], -1, 1) and terminated == target["done"]
+            done = terminated or truncated
+        rollouts.append(steps)
+    assert rollouts[0] == rollouts[1]
+    assert rollouts[0][0][-1] is None  # the tiny model learned click-test-2's outcomes: its prediction parses
+
+
+def test_batched_predictions_equal_one_by_one(trained):
+    world = WebWorldModel(trained, max_new_tokens=100)
+    page = [p for p in load_start_pages(trained) if p.task == "enter-text"][0]
+    actions = candidate_actions(page.utterance, page.tree) + ["click [42]"]
+    batched = world.predict(page.utterance, page.tree, actions)
+    assert [p.action for p in batched] == actions and "[42]" in batched[-1].error
+    assert batched == [world.predict(page.utterance, page.tree, [a])[0] for a in actions]
+
+
+def test_discrete_wrapper_indexes_candidates_and_masks_the_rest(untrained):
+    env = WebDiscreteEnv(WebWorldEnv(untrained, max_new_tokens=16), max_candidates=4, hash_dim=8)
+    obs, info = env.reset(seed=0, options={"index": 2})  # an enter-text page: click, type, click
+    assert obs.shape == (2 * 8 + 4 * CANDIDATE_FEATURES + 1,) and env.observation_space.contains(obs)
+    slots = obs[16:-1].reshape(4, CANDIDATE_FEATURES)
+    assert slots[:, 0].tolist() == [1, 1, 1, 0] and slots[:, 1].tolist() == [0, 1, 0, 0]
+    assert env.action_masks().tolist() == [True, True, True, False]
+    after, reward, terminated, truncated, step_info = env.step(3)
+    assert "no candidate 3" in step_info["error"] and not (terminated or truncated) and np.array_equal(after[:-1], obs[:-1])
+    _, _, _, truncated, step_info = env.step(0)
+    assert truncated and "does not parse" in step_info["error"]
