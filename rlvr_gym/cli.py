@@ -48,6 +48,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "evaluate-policies textgame": ("rlvr_gym.evaluation.textgame_policies", "TextGamePolicyEvalConfig",
                                    "run_textgame_policy_eval",
                                    "a ladder of text policies scored in real TextWorld and the learned text env"),
+    "ship": ("rlvr_gym.ship", "ShipConfig", "ship",
+             "fp16 copy of a text or web world model with the real start states its learned env resets to"),
     "export": ("rlvr_gym.integrations.export", "ExportConfig", "export",
                "write text-game, web or rt1 training data for TRL (HF dataset) or verl (parquet)"),
     "eval web": ("rlvr_gym.evaluation.web", "WebEvalConfig", "run_web_eval",
