@@ -32,3 +32,28 @@ def test_gym_make_works_right_after_install_with_the_rlvr_model():
     again.reset(seed=3)
     assert all(np.array_equal(a, again.step(np.zeros(7, np.float32))[0]) for a in frames), "same seed, same rollout"
     assert 0.0 <= env.step(np.zeros(7, np.float32))[4]["success_prob"] <= 1.0
+
+
+@pytest.mark.parametrize("name", ["textgame-sft", "textgame-rlvr", "web-sft", "web-rlvr"])
+def test_shipped_language_world_models_are_small_fp16_with_start_states_and_a_card(name):
+    path = SHIPPED_DIR / name
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    assert size <= 10 * 1024 * 1024, f"{name} is {size / 1e6:.1f} MB; the budget is 10 MB"
+    card = (path / "CARD.md").read_text()
+    for section in ("## Commands", "## Held-out metrics", "## Limits"):
+        assert section in card
+    starts = "textworld_start_states.json" if name.startswith("textgame") else "web_start_pages.json"
+    assert (path / starts).is_file() and (path / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("env_id", ["RLVRWorld-TextGame-v0", "RLVRWorld-Web-v0"])
+def test_language_envs_work_right_after_install_with_the_rlvr_models(env_id):
+    env = gym.make(env_id)
+    obs, info = env.reset(seed=1)
+    assert isinstance(obs, str) and obs and info["candidates"]
+    steps = [env.step(info["candidates"][0])]
+    again = gym.make(env_id)
+    _, again_info = again.reset(seed=1)
+    assert again.step(again_info["candidates"][0])[0] == steps[0][0], "same seed, same rollout"
+    obs, reward, terminated, truncated, info = steps[0]
+    assert isinstance(reward, float) and isinstance(terminated, bool) and "error" in info
