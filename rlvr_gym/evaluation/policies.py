@@ -21,6 +21,7 @@ simpler-env `simpler_env/utils/metrics.py`: every function takes (sim, real) in 
 from __future__ import annotations
 
 import json
+import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -382,7 +383,8 @@ def scatter_plot(result: dict, path: str | Path, title: str = "") -> Path:
         points.setdefault((p["real"], p["learned"]), []).append(name)
     for (real, learned), names in points.items():  # policies on the same spot share one label
         ax.scatter(real, learned, marker="*", s=120, color="black")
-        ax.annotate(", ".join(names), (real, learned), fontsize=7, xytext=(4, 4), textcoords="offset points")
+        short = [re.sub(r"^(\w+):.*?([^/]+?)(/model)?\.zip$", r"\1:\2", n) for n in names]  # ppo:DIR/model.zip -> ppo:DIR
+        ax.annotate(", ".join(short), (real, learned), fontsize=7, xytext=(4, 4), textcoords="offset points")
     ax.set(xlim=(-0.05, 1.05), ylim=(-0.05, 1.05), xlabel="real success", ylabel="learned-sim success (success head)")
     ax.set_title(f"{title}\npearson {result['pearson']:.2f}  mmrv {result['mmrv']:.2f}  mae {result['mae']:.2f}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")

@@ -258,17 +258,26 @@ def run_web_eval(config: WebEvalConfig) -> dict:
     model.eval()
     started = time.perf_counter()
     prompts = encode_prompts(tokenizer, records)
+    # A page longer than the model's context cannot be predicted: it scores as a parse failure (empty completion),
+    # is counted in over_context_rate, and is not decoded (book-flight trees reach 7k tokens).
+    context = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+    fits = [i for i, p in enumerate(prompts) if len(p) + config.max_new_tokens <= context]
+    preds = [""] * len(records)
     if config.best_of == 1:
-        preds = [p[0] for p in sample_texts(model, tokenizer, prompts, config.batch_size, config.max_new_tokens)]
+        decoded = [p[0] for p in sample_texts(model, tokenizer, [prompts[i] for i in fits], config.batch_size,
+                                              config.max_new_tokens)]
     else:
         samples = sample_texts(
-            model, tokenizer, prompts, config.batch_size, config.max_new_tokens,
+            model, tokenizer, [prompts[i] for i in fits], config.batch_size, config.max_new_tokens,
             num_samples=config.best_of, temperature=config.temperature, seed=config.seed,
         )  # fmt: skip
-        preds = best_by_web_reward(samples, records)
+        decoded = best_by_web_reward(samples, [records[i] for i in fits])
+    for i, text in zip(fits, decoded):
+        preds[i] = text
     seconds = time.perf_counter() - started
     result = {
         **web_metrics(preds, records, seen_tasks),
+        "over_context_rate": 1 - len(fits) / len(records),
         "best_of": config.best_of,
         "seen_tasks": ",".join(sorted(seen_tasks)),
         "checkpoint": str(config.checkpoint),
