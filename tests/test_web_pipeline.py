@@ -201,6 +201,16 @@ def test_eval_on_a_recorded_set_reports_every_metric_and_the_no_change_baseline(
     assert 0 <= result["f1"] <= 1 and 0 <= result["parse_failure_rate"] <= 1
 
 
+def test_pages_longer_than_the_context_score_as_failures_without_decoding(sft_run, data):
+    records, _ = load_web_data(data[1])
+    fits = run_web_eval(WebEvalConfig(checkpoint=str(sft_run / "final"), data=str(data[1]), max_new_tokens=64))
+    assert fits["over_context_rate"] == 0.0
+    # a completion limit as long as the whole context leaves no room for any page
+    none = run_web_eval(WebEvalConfig(checkpoint=str(sft_run / "final"), data=str(data[1]), max_new_tokens=10_000))
+    assert none["over_context_rate"] == 1.0 and none["parse_failure_rate"] == 1.0 and none["f1"] == 0.0
+    assert none["nochange_f1"] == fits["nochange_f1"] and none["n"] == len(records)
+
+
 def test_best_of_n_keeps_the_sample_closest_to_the_gold_and_seen_tasks_can_be_overridden(sft_run, data):
     records, _ = load_web_data(data[1])
     changed = [r for r in records if any(make_diff(r["tree_before"], r["tree_after"]).values())][:2]
