@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Trains the shipped text-game and web world models (textgame-sft / textgame-rlvr, web-sft / web-rlvr) in one go:
-# SFT from scratch, GRPO with two learning rates per reward, and the evaluations that choose and report them.
-# Every stage is an ordinary `rlvr-gym` command with a time limit (--*.max-minutes), so the same script runs on a
-# 2-core CPU (set MINUTES higher; expect far fewer steps) or on one GPU, which is where the shipped ones were made.
+# The longer recipe for the text-game and web world models (textgame-sft / textgame-rlvr, web-sft / web-rlvr) in
+# one go: SFT from scratch, GRPO with two learning rates per reward, and the evaluations that choose and report them.
+# Every stage is an ordinary `rlvr-gym` command with a time limit (--*.max-minutes), so the same script runs on one
+# GPU (the default 2.5 minutes per stage) or on a CPU (set MINUTES higher; expect far fewer steps). The shipped
+# checkpoints were made on this project's 2-core CPU with the shorter commands in their CARD.md; this script was
+# checked end to end on that CPU with tiny limits, and has not yet run on a GPU.
 #
 #   TEXT_DATA=../shared/data/bytesized32 TEXTWORLD=runs/textworld WEB=runs/web OUT=runs/ship bash docs/ship_text_web.sh
 #
