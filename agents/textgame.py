@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from envs.textworld import DEFAULT_GAME_DIR, TextWorldGame
+from rlvr_gym.sim.discrete import action_mask
 from rlvr_gym.sim.textgame import (
     DEFAULT_CHECKPOINT,
     DEFAULT_MAX_CANDIDATES,
@@ -26,7 +27,6 @@ from rlvr_gym.sim.textgame import (
     DEFAULT_OBS_DIM,
     TextGameDiscreteEnv,
     TextGameWorldEnv,
-    action_mask,
     candidate_commands,
     command_for,
     discrete_spaces,

@@ -18,7 +18,6 @@ import logging
 import os
 import re
 import string
-import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild,
 from rlvr_gym.evaluation.textgame import checked_tokenizer
 from rlvr_gym.models.lm import CheckpointError, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
+from rlvr_gym.sim.discrete import action_mask, stable_bucket
 
 if TYPE_CHECKING:
     from envs.textworld import TextWorldGame
@@ -260,7 +260,7 @@ def encode_observation(
     bag = obs_dim - max_candidates - 1
     x = np.zeros(obs_dim, dtype=np.float32)
     for feature in observation_features(state, objective):
-        x[zlib.crc32(feature.encode("utf-8")) % bag] = 1.0
+        x[stable_bucket(feature, bag)] = 1.0
     x[bag : bag + min(len(candidates), max_candidates)] = 1.0
     x[-1] = min(max(step_fraction, 0.0), 1.0)
     return x
@@ -271,13 +271,6 @@ def command_for(action: Any, candidates: Sequence[str], action_space: gym.spaces
     if not action_space.contains(action):
         raise ValueError(f"action must be an int in [0, {action_space.n}), got {action!r}")
     return candidates[int(action)] if int(action) < len(candidates) else NOOP_COMMAND
-
-
-def action_mask(candidates: Sequence[str], max_candidates: int) -> np.ndarray:
-    """Which discrete actions name a candidate (for sb3-contrib's MaskablePPO)."""
-    mask = np.zeros(max_candidates, dtype=bool)
-    mask[: min(len(candidates), max_candidates)] = True
-    return mask
 
 
 def discrete_spaces(max_candidates: int, obs_dim: int) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:

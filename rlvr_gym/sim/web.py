@@ -32,6 +32,7 @@ from rlvr_gym.evaluation.textgame import checked_tokenizer
 from rlvr_gym.evaluation.web import encode_prompts
 from rlvr_gym.models.lm import CheckpointError, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
+from rlvr_gym.sim.discrete import action_mask, stable_bucket
 
 START_PAGES = "web_start_pages.json"
 START_PAGES_FORMAT, START_PAGES_VERSION = "rlvr-gym-web-start-pages", 1
@@ -420,14 +421,6 @@ CANDIDATE_FEATURES = 3 + len(_ROLE_GROUPS) + 1 + 3
 for any other role; checked/selected/expanded/pressed true, the field has a value, the field's value is the text."""
 
 
-def _bucket(word: str, size: int) -> int:
-    # Python's str hash is salted per process; a fixed FNV-1a keeps features the same across runs.
-    h = 2166136261
-    for byte in word.encode():
-        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
-    return h % size
-
-
 class WebDiscreteEnv(gym.Wrapper):
     """`WebWorldEnv` for SB3: a `Discrete(max_candidates)` action picks one of `info["candidates"]`, and the
     observation is a fixed-size vector.
@@ -469,9 +462,7 @@ class WebDiscreteEnv(gym.Wrapper):
         return self._features(info), reward, terminated, truncated, info
 
     def action_masks(self) -> np.ndarray:
-        mask = np.zeros(self.max_candidates, dtype=bool)
-        mask[: len(self.candidates)] = True
-        return mask
+        return action_mask(self.candidates, self.max_candidates)
 
     def _features(self, info: dict[str, Any]) -> np.ndarray:
         web = self.env.unwrapped
@@ -479,9 +470,9 @@ class WebDiscreteEnv(gym.Wrapper):
         utterance_words = words(web.utterance)
         x = np.zeros(self.observation_space.shape, np.float32)
         for word in utterance_words:
-            x[_bucket(word, self.hash_dim)] = 1.0
+            x[stable_bucket(word, self.hash_dim)] = 1.0
         for word in visible_words(info["tree"]):
-            x[self.hash_dim + _bucket(word, self.hash_dim)] = 1.0
+            x[self.hash_dim + stable_bucket(word, self.hash_dim)] = 1.0
         nodes = {node.id: node for node in parse(info["tree"])}
         base = 2 * self.hash_dim
         for i, action in enumerate(self.candidates):
