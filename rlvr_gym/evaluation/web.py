@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from envs.web import TASKS
 from rlvr_gym.domains.web import format_prompt, format_target, make_diff, no_change_target, web_reward
 from rlvr_gym.evaluation.textgame import checked_tokenizer
-from rlvr_gym.models.lm import load_model, resolve_checkpoint
+from rlvr_gym.models.lm import context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 
 log = logging.getLogger("rlvr_gym")
@@ -260,7 +260,7 @@ def run_web_eval(config: WebEvalConfig) -> dict:
     prompts = encode_prompts(tokenizer, records)
     # A page longer than the model's context cannot be predicted: it scores as a parse failure (empty completion),
     # is counted in over_context_rate, and is not decoded (book-flight trees reach 7k tokens).
-    context = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+    context = context_length(model)
     fits = [i for i, p in enumerate(prompts) if len(p) + config.max_new_tokens <= context]
     preds = [""] * len(records)
     if config.best_of == 1:

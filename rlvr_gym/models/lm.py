@@ -90,6 +90,11 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def context_length(model: torch.nn.Module) -> int:
+    """Positions the model was built for (prompt and completion together); unbounded when its config names none."""
+    return getattr(model.config, "max_position_embeddings", None) or 1 << 30
+
+
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild, states_match
 from rlvr_gym.evaluation.textgame import checked_tokenizer
-from rlvr_gym.models.lm import CheckpointError, load_model, resolve_checkpoint
+from rlvr_gym.models.lm import CheckpointError, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
 
@@ -371,7 +371,7 @@ class TextGameSimulator:
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
-        self.context = getattr(self.model.config, "max_position_embeddings", None)
+        self.context = context_length(self.model)
 
     def start(self, rng: np.random.Generator, index: int | None = None) -> Rollout:
         """A new rollout from start state `index`, or one drawn with `rng`."""
@@ -388,7 +388,7 @@ class TextGameSimulator:
         bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
         texts = [format_prompt(r.state, c) for r, c in zip(rollouts, commands)]
         prompts = [bos + ids for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        fits = [self.context is None or len(p) + self.max_new_tokens <= self.context for p in prompts]
+        fits = [len(p) + self.max_new_tokens <= self.context for p in prompts]
         outputs = iter(sample_texts(self.model, self.tokenizer, [p for p, ok in zip(prompts, fits) if ok],
                                     self.batch_size, self.max_new_tokens, temperature=self.temperature, seed=seed)
                        if any(fits) else [])

@@ -30,7 +30,7 @@ from envs.web import TASKS, InvalidAction, WebTaskEnv, click, parse, parse_actio
 from rlvr_gym.domains.web import SECTIONS, apply_diff, parse_target
 from rlvr_gym.evaluation.textgame import checked_tokenizer
 from rlvr_gym.evaluation.web import encode_prompts
-from rlvr_gym.models.lm import CheckpointError, load_model, resolve_checkpoint
+from rlvr_gym.models.lm import CheckpointError, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
 
@@ -208,7 +208,7 @@ class WebWorldModel:
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
-        positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        positions = context_length(model)
         self.max_prompt_tokens = positions - max_new_tokens
         if self.max_prompt_tokens < 1:
             raise ValueError(
