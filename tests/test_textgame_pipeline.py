@@ -21,6 +21,7 @@ from rlvr_gym.train.textgame import (
     TextGameRLVRConfig,
     TextGameSFTConfig,
     collect_textworld,
+    load_training_transitions,
     run_textgame_rlvr,
     run_textgame_sft,
     target_text,
@@ -204,6 +205,10 @@ def test_textworld_collection_is_readable_and_mixes_into_sft(tmp_path):
     run_textgame_sft(config)
     stats = json.loads((tmp_path / "sft" / "data_stats.json").read_text())
     assert stats["kept"] + stats["dropped_too_long"] == 5 + len(transitions)
+    copies = load_training_transitions(FIXTURE, str(tmp_path / "tw"), None, 0, textworld_copies=3)
+    assert len(copies) == 5 + 3 * len(transitions)
+    with pytest.raises(ValueError, match="textworld_copies"):
+        load_training_transitions(FIXTURE, str(tmp_path / "tw"), None, 0, textworld_copies=0)
 
 
 @pytest.mark.slow

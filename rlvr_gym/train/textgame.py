@@ -146,14 +146,19 @@ def textworld_file(directory: str | os.PathLike) -> Path:
     return path
 
 
-def load_training_transitions(data: str, textworld: str, ratio: tuple[int, int] | None, seed: int) -> list[Transition]:
-    """The training file, plus the TextWorld transitions of a collector directory, balanced changed:unchanged."""
+def load_training_transitions(
+    data: str, textworld: str, ratio: tuple[int, int] | None, seed: int, textworld_copies: int = 1
+) -> list[Transition]:
+    """The training file, plus `textworld_copies` copies of the TextWorld transitions of a collector directory,
+    balanced changed:unchanged."""
+    if textworld_copies < 1:
+        raise ValueError(f"textworld_copies must be >= 1 (copies of each TextWorld transition), got {textworld_copies}")
     transitions = load_transitions(data)
     if textworld:
         extra = load_transitions(textworld_file(textworld))
-        log.info("mixing %d TextWorld transitions from %s into %d from %s", len(extra), textworld, len(transitions),
-                 data)
-        transitions += extra
+        log.info("mixing %d x %d TextWorld transitions from %s into %d from %s", textworld_copies, len(extra), textworld,
+                 len(transitions), data)
+        transitions += extra * textworld_copies
     if ratio is not None:
         transitions = balance(transitions, *ratio, seed=seed)
     if not transitions:
@@ -189,6 +194,8 @@ class TextGameSFTConfig:
     """ByteSized32-format JSONL(.gz) of training transitions (default: the shared ByteSized32 train split)."""
     textworld: str = ""
     """Directory written by `collect textworld` whose transitions are mixed into the training data (empty: none)."""
+    textworld_copies: int = 1
+    """Copies of each TextWorld transition in the mix: raises TextWorld's share without dropping ByteSized32."""
     eval_data: str = field(default_factory=default_valid_data)
     """Held-out transitions for eval/loss and eval/accuracy (default: the shared valid split; empty: no evaluation)."""
     model: str = ""
@@ -229,7 +236,7 @@ def run_textgame_sft(config: TextGameSFTConfig) -> Path:
     root = Path(config.run_dir)
     d = setup_processes(config.sft.threads)
     check_run(root, config, d.is_main)
-    train = load_training_transitions(config.data, config.textworld, config.balance, config.seed)
+    train = load_training_transitions(config.data, config.textworld, config.balance, config.seed, config.textworld_copies)
     model_dir = Path(config.model) if config.model else root / "init"
     if not config.model:
         if d.is_main and not (config.resume and (model_dir / "tokenizer.json").is_file()):
@@ -295,6 +302,8 @@ class TextGameRLVRConfig:
     """ByteSized32-format JSONL(.gz) of training transitions (default: the shared ByteSized32 train split)."""
     textworld: str = ""
     """Directory written by `collect textworld` whose transitions are mixed into the training data (empty: none)."""
+    textworld_copies: int = 1
+    """Copies of each TextWorld transition in the mix: raises TextWorld's share without dropping ByteSized32."""
     eval_data: str = field(default_factory=default_valid_data)
     """Held-out transitions for eval/accuracy (empty: no evaluation)."""
     balance: tuple[int, int] | None = None
@@ -327,7 +336,7 @@ def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
     check_run(root, config, d.is_main)
     tokenizer = load_tokenizer(config.model)
     ratio = config.balance or DEFAULT_BALANCE[config.reward]
-    train = load_training_transitions(config.data, config.textworld, ratio, config.seed)
+    train = load_training_transitions(config.data, config.textworld, ratio, config.seed, config.textworld_copies)
     examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.grpo.max_new_tokens)
     report_data(root, stats, d.is_main)
     # The trainer hands every column but prompt_ids to the reward: keep the two states it reads.
