@@ -166,6 +166,19 @@ def test_repetition_rate_counts_frames_equal_to_the_previous_one():
     assert robot.repetition_rate(torch.tensor(prev + 1).view(4, 2, 3), torch.tensor(prev).view(4, 2, 3)) == 0.0
 
 
+def test_false_repetition_rate_counts_repeats_only_where_the_real_frame_changed():
+    prev = np.arange(4 * 6).reshape(4, 6)
+    real = prev.copy()
+    real[2:] += 1  # the real frame changed in rows 2 and 3 only
+    pred = prev.copy()
+    pred[3] += 7  # the model repeats in rows 0, 1, 2 and moves in row 3
+    assert robot.repetition_rate(pred, prev) == 0.75
+    assert robot.false_repetition_rate(pred, prev, real, prev) == 0.5, "row 2 repeats a changed frame, row 3 does not"
+    assert math.isnan(robot.false_repetition_rate(pred, prev, prev, prev)), "no real change: undefined"
+    with pytest.raises(ValueError, match="one shape"):
+        robot.false_repetition_rate(pred, prev, real[:2], prev)
+
+
 def test_changed_pixel_mse_looks_only_where_the_scene_moved():
     prev = np.zeros((1, 8, 8, 3), dtype=np.uint8)
     target = prev.copy()

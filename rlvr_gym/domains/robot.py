@@ -5,6 +5,8 @@ Frames come either as the real env renders them, (N, H, W, 3) uint8, or as a dec
 the [0, 1] scale and returns a per-sample (N,) float32 tensor on the frames' device.
 """
 
+import math
+
 import numpy as np
 import torch
 
@@ -179,6 +181,21 @@ def repetition_rate(pred_tokens: np.ndarray | torch.Tensor, prev_tokens: np.ndar
         raise ValueError("repetition rate of an empty batch is undefined; pass at least one frame")
     same = (pred_tokens == prev_tokens.to(pred_tokens.device)).flatten(1).all(dim=1)
     return same.float().mean().item()
+
+
+def false_repetition_rate(pred_tokens, prev_pred_tokens, real_tokens, prev_real_tokens) -> float:
+    """Among the steps where the real frame changed (its tokens differ from the previous real frame's), the fraction
+    whose prediction repeats the previous predicted frame: the repetition failure of RLVR-World, without counting the
+    still frames the real data has (NaN when no real frame changed)."""
+    tensors = [_as_tensor(x) for x in (pred_tokens, prev_pred_tokens, real_tokens, prev_real_tokens)]
+    if len({tuple(t.shape) for t in tensors}) != 1 or tensors[0].ndim < 2:
+        raise ValueError(f"token batches must all be (N, tokens per frame, ...) with one shape, got {[tuple(t.shape) for t in tensors]}")
+    pred, prev_pred, real, prev_real = (t.flatten(1).cpu() for t in tensors)
+    changed = (real != prev_real).any(dim=1)
+    if not changed.any():
+        return math.nan
+    repeated = (pred == prev_pred).all(dim=1)
+    return repeated[changed].float().mean().item()
 
 
 # ---------------------------------------------------------------------------------------------------- token layout

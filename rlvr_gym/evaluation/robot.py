@@ -131,7 +131,8 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
     contexts = np.stack([data[i].episode.frames[0] for i, _ in where])
     pred = world.decode(codes[:, 0], contexts)
     result["single"] = {
-        "model": {**frame_metrics(pred, target, prev), "repetition_rate": R.repetition_rate(codes[:, 0], prev_codes), "n": len(idx)},
+        "model": {**frame_metrics(pred, target, prev), "repetition_rate": R.repetition_rate(codes[:, 0], prev_codes),
+                  "false_repetition_rate": R.false_repetition_rate(codes[:, 0], prev_codes, next_codes, prev_codes), "n": len(idx)},
         "copy_last_frame": frame_metrics(prev, target, prev),
         "copy_last_frame_tokenized": frame_metrics(world.decode(prev_codes, contexts), target, prev),
         "tokenizer_ceiling": frame_metrics(world.decode(next_codes, contexts), target, prev),
@@ -148,6 +149,8 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
             start = np.stack([data[i].episode.frames[t] for i, t in where])
             contexts = np.stack([data[i].episode.frames[0] for i, _ in where])
             previous_pred = np.stack([data[i].codes[t] for i, t in where]) if j == 0 else codes[:, j - 1]
+            real_codes = np.stack([data[i].codes[t + 1 + j] for i, t in where])
+            previous_real = np.stack([data[i].codes[t + j] for i, t in where])
             pred = world.decode(codes[:, j], contexts)
             per_step.append({
                 "step": j + 1,
@@ -155,12 +158,15 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
                 # Objects that moved since the rollout began, for the model and the copy baseline alike.
                 "object_error_px": object_position_error(pred, target, start),
                 "repetition_rate": R.repetition_rate(codes[:, j], previous_pred),
+                "false_repetition_rate": R.false_repetition_rate(codes[:, j], previous_pred, real_codes, previous_real),
+                "real_repetition_rate": R.repetition_rate(real_codes, previous_real),
                 "copy_start_psnr": float(R.psnr(start, target).clamp(max=60).mean()),
                 "copy_start_changed_mse": frame_metrics(start, target, prev)["changed_mse"],
                 "copy_start_object_error_px": object_position_error(start, target, start),
             })
             repeats.append(per_step[-1]["repetition_rate"])
-        keys = ["mse", "psnr", "ssim", "lpips", "changed_mse", "object_error_px", "repetition_rate"]
+        keys = ["mse", "psnr", "ssim", "lpips", "changed_mse", "object_error_px", "repetition_rate", "false_repetition_rate",
+                "real_repetition_rate"]
         result["multi"] = {
             "horizon": horizon,
             "n": len(prompts),
@@ -173,7 +179,8 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
 def summary_line(result: dict) -> dict:
     """The flat JSON line `rlvr-gym eval rt1` prints."""
     single = result["single"]["model"]
-    line = {f"{k}": single[k] for k in ("mse", "psnr", "ssim", "lpips", "repetition_rate")}
+    line = {f"{k}": single[k] for k in ("mse", "psnr", "ssim", "lpips", "repetition_rate", "false_repetition_rate")}
+    line["real_repetition_rate"] = result["single"]["real_repetition_rate"]
     line.update({f"single_{k}": single[k] for k in ("changed_mse", "object_error_px")})
     line.update({f"copy_last_frame_{k}": result["single"]["copy_last_frame"][k] for k in ("psnr", "changed_mse", "object_error_px")})
     line["tokenizer_ceiling_psnr"] = result["single"]["tokenizer_ceiling"]["psnr"]
