@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "train rt1-mle": ("rlvr_gym.train.robot", "RT1MLEConfig", "run_rt1_mle", "train the video world model by maximum likelihood"),
     "train rt1-rlvr": ("rlvr_gym.train.robot", "RT1RLVRConfig", "run_rt1_rlvr",
                        "post-train the video world model with GRPO on -(L1 + LPIPS)"),
+    "calibrate rt1": ("rlvr_gym.sim.robot", "CalibrateConfig", "calibrate",
+                      "set a world model's per-task success thresholds from replays of training episodes"),
     "eval rt1": ("rlvr_gym.evaluation.robot", "RT1EvalConfig", "run_rt1_eval",
                  "score a video world model on fresh real episodes; prints one JSON line"),
     "collect textworld": ("rlvr_gym.train.textgame", "TextWorldCollectConfig", "run_collect_textworld",

@@ -16,7 +16,9 @@ import rlvr_gym  # noqa: F401  (registers the env ids)
 from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
 from rlvr_gym.models.lm import CheckpointError, LlamaSize
 from rlvr_gym.sim import register_envs
-from rlvr_gym.sim.robot import INITIAL_STATES, RT1WorldEnv, RT1WorldVectorEnv, load_initial_states, save_initial_states
+from rlvr_gym.models.robot_world_model import RobotWorldModel
+from rlvr_gym.sim.robot import (INITIAL_STATES, CalibrateConfig, RT1WorldEnv, RT1WorldVectorEnv, balanced_accuracy, best_threshold,
+                                calibrate, load_initial_states, save_initial_states)
 from rlvr_gym.sim.sb3 import SB3VecEnv
 from rlvr_gym.train.robot import RT1MLEConfig, TokenizerConfig, run_rt1_mle, train_frame_tokenizer
 from rlvr_gym.train.sft import SFTConfig
@@ -254,3 +256,38 @@ def test_sb3_ppo_learns_in_the_batched_simulator(tiny_world):
     model.learn(total_timesteps=256)
     assert model.num_timesteps == 256
     assert len(model.ep_info_buffer) > 0, "episodes ended and were reset within the rollouts"
+
+
+def test_best_threshold_separates_successes_by_balanced_accuracy():
+    threshold, score = best_threshold(np.array([0.1, 0.2, 0.3, 0.4]), np.array([False, False, True, True]))
+    assert threshold == pytest.approx(0.25) and score == 1.0
+    # One success below three failures: the best is to catch the other success alone (TPR 1/2, TNR 3/3).
+    probs, succeeded = np.array([0.05, 0.6, 0.7, 0.8, 0.9]), np.array([True, False, False, False, True])
+    threshold, score = best_threshold(probs, succeeded)
+    assert threshold == pytest.approx(0.85) and score == pytest.approx(0.75)
+    assert balanced_accuracy(probs, succeeded, 0.0) == 0.5, "calling everything a success catches no failure"
+    with pytest.raises(ValueError, match="one success label per episode"):
+        best_threshold(np.array([0.1, 0.2]), np.array([True]))
+
+
+def test_calibration_writes_per_task_thresholds_that_the_sim_uses(tiny_world, tmp_path):
+    import shutil
+
+    world, _ = tiny_world
+    calibrated = shutil.copytree(world, tmp_path / "world")
+    collect(CollectConfig(out=str(tmp_path / "calib"), episodes=4, seed=12, horizon=8))
+    result = calibrate(CalibrateConfig(checkpoint=str(calibrated), data=str(tmp_path / "calib"), episodes_per_task=2))
+    thresholds = RobotWorldModel.load(calibrated).settings.success_thresholds
+    tasks = {e.task for e in load_episodes(tmp_path / "calib")}
+    assert set(result["tasks"]) == set(thresholds) == tasks and all(0 < t < 1 for t in thresholds.values())
+
+    # A threshold of 0 makes every predicted frame a success: the env must end at its first step.
+    model = RobotWorldModel.load(calibrated)
+    model.settings.success_thresholds = {task: 0.0 for task in tasks}
+    model.save_settings(calibrated)
+    env = RT1WorldEnv(checkpoint=calibrated)
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step(actions(1)[0])
+    assert terminated and reward == 1.0 and info["is_success"]
+    with pytest.raises(ValueError, match="directory you can write to"):
+        calibrate(CalibrateConfig(checkpoint="rt1-rlvr"))

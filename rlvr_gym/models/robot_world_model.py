@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +25,19 @@ from rlvr_gym.models.sampler import SamplingConfig, sample
 LAYOUT = {"codebook_size": R.CODEBOOK_SIZE, "frame_tokens": R.FRAME_TOKENS, "vocab_size": R.VOCAB_SIZE}
 
 
+DEFAULT_SUCCESS_THRESHOLD = 0.5
+
+
 @dataclass
 class WorldModelSettings:
     context_steps: int = 2
     """Past steps (frame, flag, action) kept in the prompt when predicting the next frame."""
+    success_thresholds: dict[str, float] = field(default_factory=dict)
+    """Per task, the success probability above which the simulator calls a frame a success (tasks not listed:
+    0.5). Set by `rlvr-gym calibrate rt1` from open-loop replays of training episodes."""
+
+    def success_threshold(self, task: str) -> float:
+        return self.success_thresholds.get(task, DEFAULT_SUCCESS_THRESHOLD)
 
 
 def load_frame_tokenizer(path: str | os.PathLike) -> FrameTokenizer:
@@ -76,8 +85,12 @@ class RobotWorldModel:
             raise CheckpointError(f"{meta_file} is corrupt: {error}") from error
         if meta.get("layout") != LAYOUT:
             raise CheckpointError(f"{path} was trained with token layout {meta.get('layout')}, this code uses {LAYOUT}")
+        try:
+            settings = WorldModelSettings(**meta["settings"])
+        except (KeyError, TypeError) as error:
+            raise CheckpointError(f"{meta_file} has no valid settings ({error}); this code reads {list(asdict(WorldModelSettings()))}") from None
         lm, _ = load_model(resolve_checkpoint(path / "lm"))
-        return cls(lm, load_frame_tokenizer(path / "frame_tokenizer"), WorldModelSettings(**meta["settings"]))
+        return cls(lm, load_frame_tokenizer(path / "frame_tokenizer"), settings)
 
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
         """Write the checkpoint directory; dtype=torch.float16 halves it for shipping (loading casts back)."""
@@ -87,8 +100,16 @@ class RobotWorldModel:
             original = next(module.parameters()).dtype
             module.to(dtype).save_pretrained(path / name, safe_serialization=True)
             module.to(original)
-        (path / "world_model.json").write_text(json.dumps({"layout": LAYOUT, "settings": asdict(self.settings)}, indent=2))
+        self.save_settings(path)
         return path
+
+    def save_settings(self, path: str | os.PathLike) -> Path:
+        """Write world_model.json alone: the layout and settings, e.g. after calibrating the success thresholds."""
+        target = Path(path) / "world_model.json"
+        tmp = target.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"layout": LAYOUT, "settings": asdict(self.settings)}, indent=2))
+        os.replace(tmp, target)
+        return target
 
     def ship(self, source_dir: str | os.PathLike, name: str, card: str) -> Path:
         """Write this model as a shipped checkpoint (fp16) under rlvr_gym/checkpoints/NAME with its card and states."""

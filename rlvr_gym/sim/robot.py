@@ -24,14 +24,13 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from rlvr_gym.data.episodes import Episode
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.lm import CheckpointError
-from rlvr_gym.models.robot_world_model import RobotWorldModel
+from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel
 from rlvr_gym.models.sampler import SamplingConfig
 
 INITIAL_STATES = "initial_states.npz"
 IMAGE_SHAPE = (64, 64, 3)
 DEFAULT_CHECKPOINT = "rt1-rlvr"
 DEFAULT_HORIZON = 50
-SUCCESS_THRESHOLD = 0.5
 
 
 # ---------------------------------------------------------------------------------------------------- initial states
@@ -124,6 +123,10 @@ class _Rollout:
     flags: deque
     actions: deque
     frame: np.ndarray
+    threshold: float
+    """Success probability above which a predicted frame counts as success (the checkpoint's, for this task)."""
+    context: np.ndarray
+    """The real first frame: the frame tokenizer's context when decoding every predicted frame."""
     steps: int = 0
     success_prob: float = 0.0
     error: str | None = None
@@ -168,7 +171,16 @@ class _Simulator:
         # After each step `codes` holds one more frame than the prompt uses and `actions` one fewer; appending
         # the next action (which drops the oldest) makes them line up again.
         codes = deque([self.first_codes[index]], maxlen=n)
-        return _Rollout(int(index), sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), self.states.frames[index].copy())
+        frame = self.states.frames[index]
+        threshold = self.world.settings.success_threshold(str(self.states.tasks[index]))
+        return _Rollout(int(index), sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold, frame)
+
+    def start_from_frame(self, frame: np.ndarray, task: str) -> _Rollout:
+        """A rollout from any real first frame (not one of the initial states: index -1, no info)."""
+        n = self.world.settings.context_steps
+        codes = deque([self.world.encode(frame[None], frame[None])[0]], maxlen=n)
+        threshold = self.world.settings.success_threshold(task)
+        return _Rollout(-1, 0, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold, frame)
 
     def advance(self, rollouts: list[_Rollout], actions: np.ndarray, generator: torch.Generator | None) -> None:
         """Predict the next frame of every rollout under its action with one batched `predict` call."""
@@ -180,18 +192,17 @@ class _Simulator:
         for i, (rollout, error) in enumerate(zip(rollouts, errors)):
             if error is not None:  # the layout mask makes this unreachable for a sane model; repeat the last frame
                 codes[i] = rollout.codes[-1]
-        contexts = self.states.frames[[r.index for r in rollouts]]
-        frames = self.world.decode(codes, contexts)
+        frames = self.world.decode(codes, np.stack([r.context for r in rollouts]))
         for rollout, code, prob, frame, error in zip(rollouts, codes, success, frames, errors):
             rollout.codes.append(code)
-            rollout.flags.append(bool(prob > SUCCESS_THRESHOLD))
+            rollout.flags.append(bool(prob > rollout.threshold))
             rollout.frame, rollout.success_prob, rollout.error = frame, float(prob), error
             rollout.steps += 1
 
     def info(self, rollout: _Rollout) -> dict[str, Any]:
         info = {
             "success_prob": rollout.success_prob,
-            "is_success": rollout.success_prob > SUCCESS_THRESHOLD,
+            "is_success": rollout.success_prob > rollout.threshold,
             "task": str(self.states.tasks[rollout.index]),
             "instruction": str(self.states.instructions[rollout.index]),
             "step": rollout.steps,
@@ -200,6 +211,101 @@ class _Simulator:
         if rollout.error is not None:
             info["error"] = rollout.error
         return info
+
+
+# ---------------------------------------------------------------------------------------------------- calibration
+
+
+@dataclass
+class CalibrateConfig:
+    checkpoint: str = "runs/rt1/rlvr/world_model"
+    """World-model directory whose world_model.json receives the thresholds (a shipped name is refused: the package
+    is read-only; calibrate the directory you ship from)."""
+    data: str = "runs/rt1/train2"
+    """Training episodes (`rlvr-gym collect rt1`) replayed in the learned env; the checkpoint's own initial states
+    are left out, so policy evaluation from those states never sees its calibration episodes."""
+    episodes_per_task: int = 24
+    """Episodes replayed per task."""
+    num_envs: int = 64
+    """Rollouts stepped together."""
+    seed: int = 0
+    """Seeds the choice of episodes."""
+
+
+def replay_max_success_probs(sim: _Simulator, episodes: Sequence[Episode], num_envs: int = 64) -> np.ndarray:
+    """Replay each episode's real actions open loop from its first frame (greedy); the highest success probability
+    the world model gives any predicted frame of each."""
+    best = np.zeros(len(episodes))
+    generator = torch.Generator(device=sim.device).manual_seed(0)
+    for start in range(0, len(episodes), num_envs):
+        batch = list(episodes[start : start + num_envs])
+        rollouts = [sim.start_from_frame(e.frames[0], e.task) for e in batch]
+        for t in range(max(len(e) for e in batch)):
+            live = [i for i, e in enumerate(batch) if t < len(e)]
+            sim.advance([rollouts[i] for i in live], np.stack([batch[i].actions[t] for i in live]), generator)
+            for i in live:
+                best[start + i] = max(best[start + i], rollouts[i].success_prob)
+    return best
+
+
+def balanced_accuracy(max_probs: np.ndarray, succeeded: np.ndarray, threshold: float) -> float:
+    """Balanced accuracy of calling an episode a success when its highest success probability exceeds threshold."""
+    succeeded = np.asarray(succeeded, dtype=bool)
+    predicted = np.asarray(max_probs) > threshold
+    tpr = predicted[succeeded].mean() if succeeded.any() else 1.0
+    tnr = (~predicted[~succeeded]).mean() if (~succeeded).any() else 1.0
+    return float((tpr + tnr) / 2)
+
+
+def best_threshold(max_probs: np.ndarray, succeeded: np.ndarray) -> tuple[float, float]:
+    """The threshold on an episode's highest success probability that best separates real successes from failures
+    (balanced accuracy, so the calibration set's mix does not matter), and that balanced accuracy."""
+    max_probs = np.asarray(max_probs, dtype=np.float64)
+    if len(max_probs) == 0 or len(max_probs) != len(succeeded):
+        raise ValueError(f"need one success label per episode, got {len(max_probs)} probabilities and {len(succeeded)} labels")
+    values = np.unique(max_probs)
+    # Midpoints between neighbouring values, one below all (everything succeeds) and one above all (nothing does).
+    candidates = np.concatenate([[values[0] / 2], (values[:-1] + values[1:]) / 2, [(values[-1] + 1) / 2]])
+    scores = [balanced_accuracy(max_probs, succeeded, t) for t in candidates]
+    best = int(np.argmax(scores))  # the lowest of equally good thresholds
+    return float(candidates[best]), float(scores[best])
+
+
+def calibrate(config: CalibrateConfig) -> dict[str, Any]:
+    """Set the checkpoint's per-task success thresholds from open-loop replays of training episodes.
+
+    The success head sees imagined frames, which blur what decides success; its probabilities under good real
+    actions stay well below 0.5 (rt1-rlvr: an expert scored 1.0 real, 0.19 in the learned env). The threshold per
+    task is the one that best separates the replays of episodes that really succeeded from those that did not.
+    """
+    from rlvr_gym.data.episodes import load_episodes
+
+    path = Path(config.checkpoint)
+    if not path.is_dir():
+        raise ValueError(f"--checkpoint must be a world-model directory you can write to, got {config.checkpoint!r}")
+    if config.episodes_per_task < 2:
+        raise ValueError(f"episodes_per_task must be >= 2, got {config.episodes_per_task}")
+    torch.set_num_threads(1)
+    sim = _Simulator.load(path, None, 0.0)
+    sim.world.settings.success_thresholds = {}
+    excluded = set(sim.states.seeds.tolist())
+    rng = np.random.default_rng(config.seed)
+    by_task: dict[str, list[Episode]] = {}
+    for episode in load_episodes(config.data):
+        if episode.seed not in excluded:
+            by_task.setdefault(episode.task, []).append(episode)
+    result: dict[str, Any] = {"checkpoint": str(path), "tasks": {}}
+    for task, episodes in sorted(by_task.items()):
+        chosen = [episodes[i] for i in sorted(rng.permutation(len(episodes))[: config.episodes_per_task])]
+        succeeded = np.array([e.succeeded for e in chosen])
+        probs = replay_max_success_probs(sim, chosen, config.num_envs)
+        threshold, score = best_threshold(probs, succeeded)
+        base = balanced_accuracy(probs, succeeded, DEFAULT_SUCCESS_THRESHOLD)
+        sim.world.settings.success_thresholds[task] = threshold
+        result["tasks"][task] = {"threshold": threshold, "balanced_accuracy": score, "balanced_accuracy_at_0.5": base,
+                                 "episodes": len(chosen), "real_successes": int(succeeded.sum())}
+    sim.world.save_settings(path)
+    return result
 
 
 def _check_actions(actions: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -248,7 +354,8 @@ class RT1WorldEnv(gym.Env):
     `Box(0, 255, (64, 64, 3), uint8)`: the real first frame after reset, then the decoded predicted frames.
 
     ## Rewards
-    1.0 when the model's success probability for the predicted frame exceeds 0.5, else 0.0 (the real env's
+    1.0 when the model's success probability for the predicted frame exceeds the checkpoint's threshold for the
+    episode's task (`rlvr-gym calibrate rt1` sets them; 0.5 where it did not), else 0.0 (the real env's
     reward is 1.0 on the step that reaches success, which also ends its episode).
 
     ## Starting State
@@ -256,7 +363,7 @@ class RT1WorldEnv(gym.Env):
     (restricted to `task` when given); `reset(options={"index": i})` picks row i instead.
 
     ## Episode End
-    Terminated when the predicted success probability exceeds 0.5; truncated after `horizon` steps.
+    Terminated when the predicted success probability exceeds that threshold; truncated after `horizon` steps.
     `info`: `success_prob`, `is_success`, `task`, `instruction`, `step`, `initial_state` (the row), and
     `error` when the model's output could not be parsed (the last frame is repeated then).
 
@@ -420,7 +527,7 @@ class RT1WorldVectorEnv(VectorEnv):
         if len(stepping):
             rollouts = [self._rollouts[i] for i in stepping]
             self.sim.advance(rollouts, actions[stepping], self._generator)
-            success = np.array([r.success_prob > SUCCESS_THRESHOLD for r in rollouts])
+            success = np.array([r.success_prob > r.threshold for r in rollouts])
             terminated[stepping] = success
             truncated[stepping] = np.array([r.steps >= self.horizon for r in rollouts]) & ~success
             rewards[stepping] = success
