@@ -52,7 +52,7 @@ class TokenizerConfig(RUN.RunConfig):
     """Conv widths of the three stride-2 stages (64x64 -> 8x8 tokens)."""
     eval_frames: int = 512
     """Held-out frames scored at each evaluation."""
-    moved_weight: float = 10.0
+    moved_weight: float = 0.0
     """Extra loss weight on the pixels that differ from the context frame (0: plain L1 + MSE over the frame). The
     objects are ~3 px wide; averaged over 4,096 pixels a tokenizer that drops them loses almost nothing."""
 
