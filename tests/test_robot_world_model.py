@@ -13,7 +13,7 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, mle_examples, reconstruction_loss, run_rt1_mle, run_rt1_rlvr,
+    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, mle_examples, run_rt1_mle, run_rt1_rlvr,
     train_frame_tokenizer,
 )
 from rlvr_gym.train.run import read_log
@@ -47,18 +47,6 @@ def test_tokenizer_saves_and_loads_with_identical_tokens(tmp_path):
         loaded.decode(tokens + 1000, frames[:3])
     with pytest.raises(ValueError, match="uint8"):
         loaded.encode(frames.float(), frames)
-
-
-def test_reconstruction_loss_weighs_up_the_pixels_that_moved():
-    context = torch.zeros(1, 3, 16, 16)
-    target = context.clone()
-    target[0, 0, 4:6, 4:6] = 1.0  # a 2x2 red object appears where the context has none
-    blank = context.clone()  # a reconstruction that drops the object
-    plain = reconstruction_loss(blank, target, context, moved_weight=0.0)
-    assert plain.item() == pytest.approx(2 * 4 / (3 * 256)), "L1 + MSE averaged over channels and pixels"
-    weighted = reconstruction_loss(blank, target, context, moved_weight=10.0)
-    assert weighted.item() == pytest.approx(plain.item() + 10 * 2 / 3), "plus 10x the loss on the 4 moved pixels"
-    assert reconstruction_loss(target, target, context, moved_weight=10.0).item() == 0.0
 
 
 def test_token_layout_places_frames_flags_and_actions():

@@ -52,9 +52,6 @@ class TokenizerConfig(RUN.RunConfig):
     """Conv widths of the three stride-2 stages (64x64 -> 8x8 tokens)."""
     eval_frames: int = 512
     """Held-out frames scored at each evaluation."""
-    moved_weight: float = 0.0
-    """Extra loss weight on the pixels that differ from the context frame (0: plain L1 + MSE over the frame). The
-    objects are ~3 px wide; averaged over 4,096 pixels a tokenizer that drops them loses almost nothing."""
 
 
 def frame_pairs(episodes: list[Episode]) -> tuple[np.ndarray, np.ndarray]:
@@ -63,20 +60,6 @@ def frame_pairs(episodes: list[Episode]) -> tuple[np.ndarray, np.ndarray]:
     starts = np.cumsum([0] + [len(e.frames) for e in episodes[:-1]])
     context = np.concatenate([np.full(len(e.frames), s) for e, s in zip(episodes, starts)])
     return frames, context
-
-
-MOVED_THRESHOLD = 0.1
-"""A pixel has moved when one of its channels differs from the context frame's by more than this (of 1.0)."""
-
-
-def reconstruction_loss(recon: torch.Tensor, target: torch.Tensor, context: torch.Tensor, moved_weight: float) -> torch.Tensor:
-    """L1 + MSE over the frame, plus `moved_weight` times L1 + MSE over the pixels that differ from the context."""
-    per_pixel = ((recon - target).abs() + (recon - target) ** 2).mean(1)  # (N, H, W)
-    loss = per_pixel.mean()
-    if moved_weight > 0:
-        moved = ((target - context).abs().amax(1) > MOVED_THRESHOLD).float()
-        loss = loss + moved_weight * (per_pixel * moved).sum() / moved.sum().clamp(min=1.0)
-    return loss
 
 
 def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, context_idx: np.ndarray, n: int) -> dict[str, float]:
@@ -97,8 +80,7 @@ def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, context_idx: np
 
 
 def train_frame_tokenizer(config: TokenizerConfig) -> Path:
-    """Train a frame tokenizer from scratch (or resume) on (frame, episode's first frame) pairs; L1 + MSE loss,
-    weighted up where the frame differs from its context."""
+    """Train a frame tokenizer from scratch (or resume) on (frame, episode's first frame) pairs; L1 + MSE loss."""
     frames, context_idx = frame_pairs(load_episodes(config.data))
     held = frame_pairs(load_episodes(config.heldout)) if config.heldout else None
     d = RUN.setup_processes(config.threads)
@@ -122,7 +104,7 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
         context = FrameTokenizer.to_float(torch.as_tensor(frames[context_idx[idx]])).to(d.device)
         model.train()
         recon, _ = run.ddp_model(target, context)
-        loss = reconstruction_loss(recon, target, context, config.moved_weight)
+        loss = (recon - target).abs().mean() + ((recon - target) ** 2).mean()
         loss.backward()
         grad_norm = run.optimizer_step()
         metrics = {"train/loss": loss.item(), "train/grad_norm": grad_norm,
