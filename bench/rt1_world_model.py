@@ -115,28 +115,35 @@ def markdown(report: dict) -> str:
     first = next(iter(lines.values()))
     single = [{"model": "copy last frame", "psnr": first["copy_last_frame_psnr"], "changed_mse": first["copy_last_frame_changed_mse"],
                "object_error_px": first["copy_last_frame_object_error_px"]},
-              {"model": "tokenizer ceiling", "psnr": first["tokenizer_ceiling_psnr"]}]
+              {"model": "tokenizer ceiling", "psnr": first["tokenizer_ceiling_psnr"]},
+              {"model": "real frames", "repetition_rate": first["real_repetition_rate"]}]
     single += [{"model": name, "psnr": l["psnr"], "ssim": l["ssim"], "lpips": l["lpips"], "mse": l["mse"],
                 "changed_mse": l["single_changed_mse"], "object_error_px": l["single_object_error_px"],
-                "repetition_rate": l["repetition_rate"]} for name, l in lines.items()]
+                "repetition_rate": l["repetition_rate"], "false_repetition_rate": l["false_repetition_rate"]}
+               for name, l in lines.items()]
     h = report["horizon"]
     multi = [{"model": "copy frame t", f"step {h} psnr": first[f"multi_step{h}_copy_psnr"],
               f"step {h} changed_mse": first[f"multi_step{h}_copy_changed_mse"],
-              f"step {h} object_error_px": first[f"multi_step{h}_copy_object_error_px"]}]
+              f"step {h} object_error_px": first[f"multi_step{h}_copy_object_error_px"]},
+             {"model": "real frames", "repetition_rate": first["multi_real_repetition_rate"]}]
     multi += [{"model": name, "lpips (mean over steps)": l["multi_lpips"], "psnr": l["multi_psnr"], "ssim": l["multi_ssim"],
                f"step {h} psnr": l[f"multi_step{h}_psnr"], f"step {h} changed_mse": l[f"multi_step{h}_changed_mse"],
-               f"step {h} object_error_px": l[f"multi_step{h}_object_error_px"], "repetition_rate": l["multi_repetition_rate"]}
+               f"step {h} object_error_px": l[f"multi_step{h}_object_error_px"], "repetition_rate": l["multi_repetition_rate"],
+               "false_repetition_rate": l["multi_false_repetition_rate"]}
               for name, l in lines.items()]
     mle, rl = lines["MLE"], lines["RLVR"]
     gain = (mle["multi_lpips"] - rl["multi_lpips"]) / mle["multi_lpips"] * 100
     rep = mle["multi_repetition_rate"] / max(rl["multi_repetition_rate"], 1e-9)
+    false_rep = mle["multi_false_repetition_rate"] / max(rl["multi_false_repetition_rate"], 1e-9)
     return (
         "# RT-1 video world model\n\n"
         f"{report['episodes']} fresh real episodes (collection seed {report['seed']}), greedy predictions unless stated.\n\n"
         "## Single step (teacher-forced history)\n\n" + markdown_table(single, digits=4) +
         f"\n\n## {h}-step rollouts (real actions spliced between generated frames)\n\n" + markdown_table(multi, digits=4) +
         f"\n\nRLVR vs MLE: multi-step LPIPS {gain:.1f}% lower (target: >= 5% lower), repetition rate "
-        f"{mle['multi_repetition_rate']:.3f} -> {rl['multi_repetition_rate']:.3f} ({rep:.1f}x lower; target >= 3x).\n\n"
+        f"{mle['multi_repetition_rate']:.3f} -> {rl['multi_repetition_rate']:.3f} ({rep:.1f}x lower; target >= 3x) while the "
+        f"real frames repeat at {first['multi_real_repetition_rate']:.3f}; false repetition (repeating where the real frame "
+        f"changed) {mle['multi_false_repetition_rate']:.3f} -> {rl['multi_false_repetition_rate']:.3f} ({false_rep:.1f}x lower).\n\n"
         "## MLE + best-of-N (single step, oracle choice by -(L1 + LPIPS))\n\n" + markdown_table(report["best_of_n"], digits=4) +
         "\n\n![metrics](rt1_world_model.png)\n\nReal (left) vs MLE vs RLVR, autoregressive from the first frame: "
         "![rollouts](rt1_rollouts.gif)\n"
