@@ -208,3 +208,39 @@ def test_resume_accepts_the_same_config_with_tuple_fields(tmp_path, init_model):
     prepare_run_dir(WithTuple(run_dir=str(tmp_path), model=str(init_model), resume=True), d)  # JSON made the tuple a list
     with pytest.raises(ValueError, match="widths"):
         prepare_run_dir(WithTuple(run_dir=str(tmp_path), model=str(init_model), resume=True, widths=(8,)), d)
+
+
+def test_dynamic_sampling_updates_only_on_groups_whose_rewards_differ(tmp_path, init_model, monkeypatch):
+    import rlvr_gym.train.grpo as grpo
+
+    data = examples(32)
+    for i, example in enumerate(data):
+        example["learnable"] = i % 4 == 0  # a quarter of the prompts can tell completions apart
+
+    def reward(completions, learnable, **_):
+        return [{"score": float(len(c) % 2) if ok else 1.0} for c, ok in zip(completions, learnable)]
+
+    updates = []
+    real_update = grpo.policy_update
+
+    def recording_update(run, config, batch, advantages, reference):
+        updates.append(advantages.view(-1, config.group_size))
+        return real_update(run, config, batch, advantages, reference)
+
+    monkeypatch.setattr(grpo, "policy_update", recording_update)
+    config = GRPOConfig(run_dir=str(tmp_path / "dyn"), model=str(init_model), steps=3, prompts_per_step=2, group_size=4,
+                        max_new_tokens=6, beta=0.0, dynamic_sampling=True, max_draws=8)
+    train_grpo(config, reward, data)
+    log = [r for r in read_log(tmp_path / "dyn") if "sampling/draws" in r]
+    assert len(log) == len(updates) == 3
+    for groups, record in zip(updates, log):
+        assert len(groups) == record["sampling/groups_kept"] >= 1
+        assert (groups.abs().sum(1) > 0).all(), "every group in the update carries a gradient signal"
+        assert record["sampling/draws"] > 1 or record["reward/groups_without_signal"] == 0
+
+    # With no prompt that can be learned from, each step still updates once (on zero advantages) after max_draws.
+    updates.clear()
+    flat = GRPOConfig(**{**vars(config), "run_dir": str(tmp_path / "flat"), "max_draws": 2})
+    train_grpo(flat, lambda completions, **_: [{"score": 1.0} for _ in completions], data)
+    assert [r["sampling/draws"] for r in read_log(tmp_path / "flat") if "sampling/draws" in r] == [2, 2, 2]
+    assert all((groups == 0).all() for groups in updates)

@@ -63,6 +63,12 @@ class GRPOConfig(R.RunConfig):
     """Optimizer steps on each sampled batch (mu); >1 makes the ratio and its clipping matter."""
     micro_batch: int = 64
     """Rows per forward/backward pass (gradient accumulation over the batch)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: groups whose completions all score the same carry no gradient, so keep drawing
+    batches of prompts (up to max_draws) until prompts_per_step groups with differing rewards are found, and update
+    on those alone. Pays off when most groups are uniform (a binary reward the model nearly always fails or passes)."""
+    max_draws: int = 4
+    """Prompt batches drawn per step at most with dynamic_sampling."""
 
 
 # ---------------------------------------------------------------------------------------------------- the maths
@@ -204,41 +210,71 @@ def train_grpo(
 
     while run.running():
         started = time.perf_counter()
-        idx = R.batch_indices(len(examples), config.prompts_per_step, run.step, config.seed, d.rank, d.world_size)
-        batch_examples = [examples[i] for i in idx]
-        model.eval()
-        rollout = sample(
-            model,
-            [ex["prompt_ids"] for ex in batch_examples],
-            sampling,
-            num_samples=config.group_size,
-            forced=[ex.get("forced", {}) for ex in batch_examples],
-            pad_token_id=pad_id,
-            generator=R.step_generator(config.seed, run.step, d.rank),
-            allowed_tokens=allowed_tokens,
-        )
+        draws = config.max_draws if config.dynamic_sampling else 1
+        kept: list[dict] = []  # groups to learn from: prompt, completions, sampled masks, rewards
+        all_rewards, failures, invalid, components, lengths = [], [], [], [], []
+        for draw in range(draws):
+            # Draw 0 is the plain GRPO batch; later draws take other prompts from their own seeded stream.
+            idx = R.batch_indices(len(examples), config.prompts_per_step, run.step, config.seed + 7_919 * draw, d.rank, d.world_size)
+            batch_examples = [examples[i] for i in idx]
+            model.eval()
+            rollout = sample(
+                model,
+                [ex["prompt_ids"] for ex in batch_examples],
+                sampling,
+                num_samples=config.group_size,
+                forced=[ex.get("forced", {}) for ex in batch_examples],
+                pad_token_id=pad_id,
+                generator=R.step_generator(config.seed, run.step, d.rank, stream=draw),
+                allowed_tokens=allowed_tokens,
+            )
+            completion_ids = rollout.completions()
+            completions = [decode(c) for c in completion_ids] if decode else completion_ids
+            scored = score_completions(reward_fn, completions, completion_ids, expand_columns(batch_examples, config.group_size))
+            all_rewards.append(scored["scores"])
+            failures.append(scored["parse_failure_rate"])
+            invalid.append(scored["invalid_reward_rate"])
+            components.append(scored["components"])
+            lengths.append(rollout.completion_mask.sum(1).float())
+            masks = rollout.sampled_masks()
+            for g in range(len(batch_examples)):
+                rows = slice(g * config.group_size, (g + 1) * config.group_size)
+                group = {"prompt_ids": rollout.prompt_ids[rows], "completion_ids": completion_ids[rows],
+                         "sampled_masks": masks[rows], "rewards": scored["scores"][rows]}
+                if not config.dynamic_sampling or config.group_size == 1 or group["rewards"].std() > 0:
+                    kept.append(group)
+            if len(kept) >= config.prompts_per_step:
+                break
+        if not kept:
+            # Nothing to learn from in any draw: update on the last batch anyway (zero advantages, zero gradient),
+            # so that every rank still joins DDP's all-reduce and the schedule advances.
+            kept = [group]
+        kept = kept[: config.prompts_per_step]
         sampled = time.perf_counter()
-        completion_ids = rollout.completions()
-        completions = [decode(c) for c in completion_ids] if decode else completion_ids
-        scored = score_completions(reward_fn, completions, completion_ids, expand_columns(batch_examples, config.group_size))
-        rewards = scored["scores"]
+        rewards = torch.cat([g["rewards"] for g in kept])
         advantages = group_advantages(rewards, config.group_size, scale=config.loss_type != "dr_grpo")
-        batch = pack_batch(rollout.prompt_ids, completion_ids, pad_id, rollout.sampled_masks())
+        batch = pack_batch([p for g in kept for p in g["prompt_ids"]], [c for g in kept for c in g["completion_ids"]], pad_id,
+                           [m for g in kept for m in g["sampled_masks"]])
         stats = policy_update(run, config, batch, advantages, reference)
         elapsed = time.perf_counter() - started
-        grouped = rewards.view(-1, config.group_size)
+        sampled_rewards = torch.cat(all_rewards)
+        grouped = sampled_rewards.view(-1, config.group_size)
+        component_means = {k: sum(c[k] for c in components if k in c) / sum(k in c for c in components)
+                           for k in {k for c in components for k in c}}
         metrics = {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "reward/parse_failure_rate": scored["parse_failure_rate"],
-            "reward/invalid_rate": scored["invalid_reward_rate"],
+            "reward/mean": float(sampled_rewards.mean()),
+            "reward/std": float(sampled_rewards.std()) if sampled_rewards.numel() > 1 else 0.0,
+            "reward/parse_failure_rate": sum(failures) / len(failures),
+            "reward/invalid_rate": sum(invalid) / len(invalid),
             "reward/groups_without_signal": float((grouped.std(1) == 0).float().mean()) if config.group_size > 1 else 1.0,
-            **{f"reward/{k}": v for k, v in scored["components"].items()},
+            **{f"reward/{k}": v for k, v in component_means.items()},
             **{f"train/{k}": v for k, v in stats.items()},
-            "completion/length_mean": float(rollout.completion_mask.sum(1).float().mean()),
-            "time/samples_per_s": len(completion_ids) / elapsed,
+            "completion/length_mean": float(torch.cat(lengths).mean()),
+            "time/samples_per_s": sampled_rewards.numel() / elapsed,
             "time/sampling_fraction": (sampled - started) / elapsed,
         }
+        if config.dynamic_sampling:
+            metrics.update({"sampling/draws": len(all_rewards), "sampling/groups_kept": len(kept)})
         run.end_step(metrics, evaluate, postfix=["reward/mean", "reward/parse_failure_rate"])
     return run.finish()
 
