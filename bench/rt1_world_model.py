@@ -133,17 +133,19 @@ def markdown(report: dict) -> str:
               for name, l in lines.items()]
     mle, rl = lines["MLE"], lines["RLVR"]
     gain = (mle["multi_lpips"] - rl["multi_lpips"]) / mle["multi_lpips"] * 100
-    rep = mle["multi_repetition_rate"] / max(rl["multi_repetition_rate"], 1e-9)
-    false_rep = mle["multi_false_repetition_rate"] / max(rl["multi_false_repetition_rate"], 1e-9)
+
+    def change(before: float, after: float) -> str:
+        ratio = before / max(after, 1e-9)
+        return f"{ratio:.1f}x lower" if ratio >= 1 else f"{1 / ratio:.1f}x higher"
     return (
         "# RT-1 video world model\n\n"
         f"{report['episodes']} fresh real episodes (collection seed {report['seed']}), greedy predictions unless stated.\n\n"
         "## Single step (teacher-forced history)\n\n" + markdown_table(single, digits=4) +
         f"\n\n## {h}-step rollouts (real actions spliced between generated frames)\n\n" + markdown_table(multi, digits=4) +
         f"\n\nRLVR vs MLE: multi-step LPIPS {gain:.1f}% lower (target: >= 5% lower), repetition rate "
-        f"{mle['multi_repetition_rate']:.3f} -> {rl['multi_repetition_rate']:.3f} ({rep:.1f}x lower; target >= 3x) while the "
+        f"{mle['multi_repetition_rate']:.3f} -> {rl['multi_repetition_rate']:.3f} ({change(mle['multi_repetition_rate'], rl['multi_repetition_rate'])}; target >= 3x lower) while the "
         f"real frames repeat at {first['multi_real_repetition_rate']:.3f}; false repetition (repeating where the real frame "
-        f"changed) {mle['multi_false_repetition_rate']:.3f} -> {rl['multi_false_repetition_rate']:.3f} ({false_rep:.1f}x lower).\n\n"
+        f"changed) {mle['multi_false_repetition_rate']:.3f} -> {rl['multi_false_repetition_rate']:.3f} ({change(mle['multi_false_repetition_rate'], rl['multi_false_repetition_rate'])}).\n\n"
         "## MLE + best-of-N (single step, oracle choice by -(L1 + LPIPS))\n\n" + markdown_table(report["best_of_n"], digits=4) +
         "\n\n![metrics](rt1_world_model.png)\n\nReal (left) vs MLE vs RLVR, autoregressive from the first frame: "
         "![rollouts](rt1_rollouts.gif)\n"
