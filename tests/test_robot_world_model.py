@@ -141,6 +141,10 @@ def test_world_model_checkpoints_are_checked(tiny_world, tmp_path):
     (broken / "world_model.json").write_text(json.dumps({"layout": {"vocab_size": 7}, "settings": {}}))
     with pytest.raises(CheckpointError, match="token layout"):
         RobotWorldModel.load(broken)
+    layout = {"codebook_size": R.CODEBOOK_SIZE, "frame_tokens": R.FRAME_TOKENS, "vocab_size": R.VOCAB_SIZE}
+    (broken / "world_model.json").write_text(json.dumps({"layout": layout, "settings": {"context_step": 2}}))
+    with pytest.raises(CheckpointError, match="no valid settings"):
+        RobotWorldModel.load(broken)
     with pytest.raises(CheckpointError, match="neither a directory"):
         RobotWorldModel.load(tmp_path / "missing")
 

@@ -183,7 +183,12 @@ def repetition_rate(pred_tokens: np.ndarray | torch.Tensor, prev_tokens: np.ndar
     return same.float().mean().item()
 
 
-def false_repetition_rate(pred_tokens, prev_pred_tokens, real_tokens, prev_real_tokens) -> float:
+def false_repetition_rate(
+    pred_tokens: np.ndarray | torch.Tensor,
+    prev_pred_tokens: np.ndarray | torch.Tensor,
+    real_tokens: np.ndarray | torch.Tensor,
+    prev_real_tokens: np.ndarray | torch.Tensor,
+) -> float:
     """Among the steps where the real frame changed (its tokens differ from the previous real frame's), the fraction
     whose prediction repeats the previous predicted frame: the repetition failure of RLVR-World, without counting the
     still frames the real data has (NaN when no real frame changed)."""
