@@ -244,3 +244,5 @@ def test_dynamic_sampling_updates_only_on_groups_whose_rewards_differ(tmp_path, 
     train_grpo(flat, lambda completions, **_: [{"score": 1.0} for _ in completions], data)
     assert [r["sampling/draws"] for r in read_log(tmp_path / "flat") if "sampling/draws" in r] == [2, 2, 2]
     assert all((groups == 0).all() for groups in updates)
+    with pytest.raises(ValueError, match="max_draws"):
+        train_grpo(GRPOConfig(**{**vars(config), "run_dir": str(tmp_path / "bad"), "max_draws": 0}), reward, data)

@@ -191,8 +191,8 @@ def train_grpo(
     for domains whose completions have a fixed layout.
     """
     check_examples(examples)
-    if config.max_new_tokens < 1 or config.group_size < 1 or config.prompts_per_step < 1:
-        raise ValueError("max_new_tokens, group_size and prompts_per_step must all be at least 1")
+    if min(config.max_new_tokens, config.group_size, config.prompts_per_step, config.max_draws) < 1:
+        raise ValueError("max_new_tokens, group_size, prompts_per_step and max_draws must all be at least 1")
     run = R.Run(config, "grpo")
     model, tokenizer, d = run.model, run.tokenizer, run.d
     reference = None
