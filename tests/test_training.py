@@ -209,6 +209,14 @@ def test_resume_accepts_the_same_config_with_tuple_fields(tmp_path, init_model):
     with pytest.raises(ValueError, match="widths"):
         prepare_run_dir(WithTuple(run_dir=str(tmp_path), model=str(init_model), resume=True, widths=(8,)), d)
 
+    # A run recorded before a field existed resumes when the field keeps its default (what the run used), not otherwise.
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["widths"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="widths: \\[32, 64\\] -> \\[8\\]"):
+        prepare_run_dir(WithTuple(run_dir=str(tmp_path), model=str(init_model), resume=True, widths=(8,)), d)
+    prepare_run_dir(WithTuple(run_dir=str(tmp_path), model=str(init_model), resume=True), d)
+
 
 def test_dynamic_sampling_updates_only_on_groups_whose_rewards_differ(tmp_path, init_model, monkeypatch):
     import rlvr_gym.train.grpo as grpo

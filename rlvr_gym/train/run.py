@@ -181,7 +181,8 @@ def record_config(run_dir: Path, config, resume: bool, is_main: bool, file_name:
                   resumable: set[str] = RESUMABLE_CHANGES) -> None:
     """Refuse to start over a run's checkpoints without --resume, or to resume it with another config; save config.
 
-    Fields named in `resumable` may differ. Domain pipelines record their outer config too, in their own file.
+    Fields named in `resumable` may differ. A field the saved config lacks (added to the code since) counts as its
+    default, which is what the run used. Domain pipelines record their outer config too, in their own file.
     """
     run_dir = Path(run_dir)
     saved = run_dir / file_name
@@ -191,7 +192,7 @@ def record_config(run_dir: Path, config, resume: bool, is_main: bool, file_name:
             f"{run_dir} already holds checkpoints: pass --resume to continue that run, or choose another --run-dir"
         )
     if resume and saved.is_file():
-        previous = json.loads(saved.read_text())
+        previous = {**field_defaults(config), **json.loads(saved.read_text())}
         keys = (set(previous) | set(current)) - resumable
         differing = sorted(k for k in keys if previous.get(k) != current.get(k))
         if differing:
@@ -200,6 +201,17 @@ def record_config(run_dir: Path, config, resume: bool, is_main: bool, file_name:
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(saved, json.dumps(current, indent=2))
+
+
+def field_defaults(config) -> dict:
+    """The config's fields at their defaults, as saved (fields without a default are left out)."""
+    defaults = {}
+    for f in dataclasses.fields(config):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return json.loads(json.dumps(defaults, default=lambda o: dataclasses.asdict(o)))
 
 
 def atomic_write_text(path: Path, text: str) -> None:
