@@ -4,8 +4,9 @@
     python -m bench.textgame_world_model --models sft=DIR rlvr-binary=DIR rlvr-task=DIR --limit 300
 
 Writes runs/bench/textgame_world_model.{md,json,png}. Best-of-N (on a seeded subset, N = 1 being greedy there)
-samples N completions (temperature 1) and keeps the one the verifier (task reward against the gold next state) scores highest: the ceiling that sampling plus a perfect
-reward model reaches, which RLVR tries to move into the greedy prediction. *Changed* accuracy is the number that
+samples N completions (temperature 1) and keeps the one the verifier (task reward against the gold next state)
+scores highest: the ceiling that sampling plus a perfect reward model reaches, which RLVR tries to move into the
+greedy prediction. *Changed* accuracy is the number that
 shows a world model: always predicting "no change" already scores ~70% overall on ByteSized32.
 """
 

@@ -142,7 +142,7 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
     prompts, future, where = multi_step_prompts(world, data, horizon)
     if prompts:
         codes = choose(prompts, horizon, future) if choose else predict_in_batches(world, prompts, horizon, future, sampling)[0]
-        per_step, repeats = [], []
+        per_step = []
         for j in range(horizon):
             target = np.stack([data[i].episode.frames[t + 1 + j] for i, t in where])
             prev = np.stack([data[i].episode.frames[t + j] for i, t in where])
@@ -164,7 +164,6 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
                 "copy_start_changed_mse": frame_metrics(start, target, prev)["changed_mse"],
                 "copy_start_object_error_px": object_position_error(start, target, start),
             })
-            repeats.append(per_step[-1]["repetition_rate"])
         keys = ["mse", "psnr", "ssim", "lpips", "changed_mse", "object_error_px", "repetition_rate", "false_repetition_rate",
                 "real_repetition_rate"]
         result["multi"] = {

@@ -285,6 +285,7 @@ def calibrate(config: CalibrateConfig) -> dict[str, Any]:
         raise ValueError(f"episodes_per_task must be >= 2, got {config.episodes_per_task}")
     torch.set_num_threads(1)
     sim = _Simulator.load(path, None, 0.0)
+    # Replays feed back success flags at the default threshold, so a recalibration does not depend on the last one.
     sim.world.settings.success_thresholds = {}
     excluded = set(sim.states.seeds.tolist())
     rng = np.random.default_rng(config.seed)

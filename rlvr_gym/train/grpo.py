@@ -213,11 +213,13 @@ def train_grpo(
         draws = config.max_draws if config.dynamic_sampling else 1
         kept: list[dict] = []  # groups to learn from: prompt, completions, sampled masks, rewards
         all_rewards, failures, invalid, components, lengths = [], [], [], [], []
+        sampling_seconds = 0.0
         for draw in range(draws):
             # Draw 0 is the plain GRPO batch; later draws take other prompts from their own seeded stream.
             idx = R.batch_indices(len(examples), config.prompts_per_step, run.step, config.seed + 7_919 * draw, d.rank, d.world_size)
             batch_examples = [examples[i] for i in idx]
             model.eval()
+            draw_started = time.perf_counter()
             rollout = sample(
                 model,
                 [ex["prompt_ids"] for ex in batch_examples],
@@ -228,6 +230,7 @@ def train_grpo(
                 generator=R.step_generator(config.seed, run.step, d.rank, stream=draw),
                 allowed_tokens=allowed_tokens,
             )
+            sampling_seconds += time.perf_counter() - draw_started
             completion_ids = rollout.completions()
             completions = [decode(c) for c in completion_ids] if decode else completion_ids
             scored = score_completions(reward_fn, completions, completion_ids, expand_columns(batch_examples, config.group_size))
@@ -250,7 +253,6 @@ def train_grpo(
             # so that every rank still joins DDP's all-reduce and the schedule advances.
             kept = [group]
         kept = kept[: config.prompts_per_step]
-        sampled = time.perf_counter()
         rewards = torch.cat([g["rewards"] for g in kept])
         advantages = group_advantages(rewards, config.group_size, scale=config.loss_type != "dr_grpo")
         batch = pack_batch([p for g in kept for p in g["prompt_ids"]], [c for g in kept for c in g["completion_ids"]], pad_id,
@@ -271,7 +273,7 @@ def train_grpo(
             **{f"train/{k}": v for k, v in stats.items()},
             "completion/length_mean": float(torch.cat(lengths).mean()),
             "time/samples_per_s": sampled_rewards.numel() / elapsed,
-            "time/sampling_fraction": (sampled - started) / elapsed,
+            "time/sampling_fraction": sampling_seconds / elapsed,
         }
         if config.dynamic_sampling:
             metrics.update({"sampling/draws": len(all_rewards), "sampling/groups_kept": len(kept)})
