@@ -60,6 +60,22 @@ def test_training_saves_a_loadable_hugging_face_model(tmp_path, init_model):
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000003"
 
 
+def test_sft_step_is_the_same_whatever_the_micro_batch(tmp_path, init_model):
+    """Micro-batches are sorted by length and padded on their own: that must not change the loss or the update."""
+    data = make_examples(32, 0, 2, 8, char_tokenizer())
+    finals, losses = [], []
+    for micro in (1, 3, 16):
+        run_dir = tmp_path / f"micro{micro}"
+        config = SFTConfig(run_dir=str(run_dir), model=str(init_model), steps=2, batch_size=16, micro_batch=micro,
+                           save_every=100)
+        finals.append(load_file(train_sft(config, data) / "model.safetensors"))
+        losses.append([r["train/loss"] for r in read_log(run_dir) if "train/loss" in r])
+    for other, loss in zip(finals[1:], losses[1:]):
+        assert loss == pytest.approx(losses[0], rel=1e-5)
+        for name, weight in finals[0].items():
+            torch.testing.assert_close(other[name], weight, rtol=1e-4, atol=1e-6)
+
+
 def test_a_time_limit_stops_with_a_checkpoint_and_resume_finishes(tmp_path, init_model):
     config = SFTConfig(run_dir=str(tmp_path), model=str(init_model), steps=5, batch_size=8, save_every=100, max_minutes=1e-9)
     final = train_sft(config, examples())

