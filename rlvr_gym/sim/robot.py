@@ -165,22 +165,22 @@ class _Simulator:
             index = int(rng.integers(len(self.states)))
         elif not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.states):
             raise ValueError(f"options['index'] must be an int in [0, {len(self.states)}), got {index!r}")
-        n = self.world.settings.context_steps
         # Drawn even when greedy, so that the sequence of initial states a seed gives never depends on the temperature.
         sample_seed = int(rng.integers(2**63 - 1))
-        # After each step `codes` holds one more frame than the prompt uses and `actions` one fewer; appending
-        # the next action (which drops the oldest) makes them line up again.
-        codes = deque([self.first_codes[index]], maxlen=n)
-        frame = self.states.frames[index]
-        threshold = self.world.settings.success_threshold(str(self.states.tasks[index]))
-        return _Rollout(int(index), sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold, frame)
+        return self._rollout(int(index), sample_seed, self.first_codes[index], self.states.frames[index],
+                             str(self.states.tasks[index]))  # fmt: skip
 
     def start_from_frame(self, frame: np.ndarray, task: str) -> _Rollout:
         """A rollout from any real first frame (not one of the initial states: index -1, no info)."""
+        return self._rollout(-1, 0, self.world.encode(frame[None], frame[None])[0], frame, task)
+
+    def _rollout(self, index: int, sample_seed: int, first_code: np.ndarray, frame: np.ndarray, task: str) -> _Rollout:
         n = self.world.settings.context_steps
-        codes = deque([self.world.encode(frame[None], frame[None])[0]], maxlen=n)
+        # After each step `codes` holds one more frame than the prompt uses and `actions` one fewer; appending
+        # the next action (which drops the oldest) makes them line up again.
+        codes = deque([first_code], maxlen=n)
         threshold = self.world.settings.success_threshold(task)
-        return _Rollout(-1, 0, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold, frame)
+        return _Rollout(index, sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold, frame)
 
     def advance(self, rollouts: list[_Rollout], actions: np.ndarray, generator: torch.Generator | None) -> None:
         """Predict the next frame of every rollout under its action with one batched `predict` call."""
