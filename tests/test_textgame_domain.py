@@ -37,7 +37,7 @@ HEATED = _state(
         _obj("kettle (ID: 2)", 2, "Kettle", {"isOn": True, "temperature": 30.0}),
     ]
 )
-HEATED_TARGET = '{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"isOn":true,"temperature":30.0}}]}'
+HEATED_TARGET = '{"m":[{"u":2,"p":{"isOn":true,"temperature":30.0}}]}'
 
 
 def _with(state, **changes):
@@ -185,6 +185,55 @@ def test_target_of_property_change():
     assert tg.format_target(tg.make_diff(CURRENT, HEATED)) == HEATED_TARGET
 
 
+def _round_trip(current, next):
+    target = tg.format_target(tg.make_diff(current, next))
+    diff, error = tg.parse_diff(target, current)
+    assert error is None, error
+    assert tg.states_match(tg.rebuild(current, diff), next)
+    return target
+
+
+def test_target_lists_only_the_changed_property():
+    assert _round_trip(CURRENT, _with(CURRENT, o2={"properties": {"isOn": True}})) == '{"m":[{"u":2,"p":{"isOn":true}}]}'
+    added = _with(CURRENT, o2={"properties": {"colour": "red"}})
+    assert _round_trip(CURRENT, added) == '{"m":[{"u":2,"p":{"colour":"red"}}]}'
+    assert tg.format_target(tg.make_diff(CURRENT, _with(CURRENT, o2={"properties": {"temperature": 20}}))) == "{}"  # 20 == 20.0
+
+
+def test_target_lists_removed_properties_under_x():
+    current = _with(CURRENT, o2={"properties": {"colour": "red", "age": 3}})
+    rebuilt_target = _round_trip(current, CURRENT)
+    assert rebuilt_target == '{"m":[{"u":2,"x":["age","colour"]}]}'
+    diff, _ = tg.parse_diff(rebuilt_target, current)
+    assert tg.rebuild(current, diff)["objects"][2]["properties"] == {"isOn": False, "temperature": 20.0}
+    both = _with(current, o2={"properties": {"isOn": True}})
+    del both["objects"][2]["properties"]["age"]
+    assert _round_trip(current, both) == '{"m":[{"u":2,"p":{"isOn":true},"x":["age"]}]}'
+
+
+def test_target_writes_emptied_contents_as_empty_list():
+    emptied = _with(CURRENT, o1={"contains": []})
+    del emptied["objects"][1:]
+    assert _round_trip(CURRENT, emptied) == '{"m":[{"u":1,"c":[]}],"r":[0,2]}'
+    moved = _with(CURRENT, o1={"contains": ["agent (ID: 0)"]}, o0={"contains": ["kettle (ID: 2)"]})
+    assert _round_trip(CURRENT, moved) == '{"m":[{"u":1,"c":[0]},{"u":0,"c":[2]}]}'
+
+
+def test_target_of_rename_and_type_change_lists_only_those():
+    # the room's contents name the kettle, so they change with it, but by uuid they do not
+    renamed = _with(CURRENT, o2={"name": "hot kettle (ID: 2)"}, o1={"contains": ["agent (ID: 0)", "hot kettle (ID: 2)"]})
+    assert _round_trip(CURRENT, renamed) == '{"m":[{"u":2,"n":"hot kettle"}]}'
+    unsuffixed = _with(CURRENT, o2={"name": "kettle"}, o1={"contains": ["agent (ID: 0)", "kettle"]})
+    assert _round_trip(CURRENT, unsuffixed) == '{"m":[{"u":2,"N":"kettle"}]}'
+    assert _round_trip(CURRENT, _with(CURRENT, o2={"type": "Pot"})) == '{"m":[{"u":2,"t":"Pot"}]}'
+
+
+def test_unchanged_fields_may_be_repeated():
+    full = '{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"isOn":true,"temperature":30.0}}]}'
+    diff, error = tg.parse_diff(full, CURRENT)
+    assert error is None and tg.states_match(tg.rebuild(CURRENT, diff), HEATED)
+
+
 def test_fixture_targets_parse_and_rebuild_the_next_state():
     for t in load_transitions(FIXTURE):
         target = tg.format_target(tg.make_diff(t.current, t.next))
@@ -203,10 +252,7 @@ def test_created_object_is_kept_and_required():
     kettle = next(o for o in rebuilt["objects"] if o["uuid"] == 2)
     assert kettle["contains"] == ["water"]
     # predicting the kettle's new contents without creating the water object is an error, not a match
-    only_kettle = (
-        '{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"isContainer":true,"isMoveable":true,"isOn":false,'
-        '"temperature":20.0,"connects":{"plug":[null,null]}},"c":[4]}]}'
-    )
+    only_kettle = '{"m":[{"u":2,"c":[4]}]}'
     assert tg.parse_diff(only_kettle, fill.current)[1] == "object 2 contains uuid 4, which is not an object after the step"
     # and forgetting both is a wrong prediction
     assert not tg.states_match(tg.rebuild(fill.current, tg.empty_diff()), fill.next)
@@ -228,7 +274,7 @@ def test_rename_reaches_containers_not_in_the_diff():
     current = _state([cup, water])
     frozen = _state([_obj("cup (ID: 3)", 3, "Cup", {}, ["ice"]), _obj("ice", 4, "Water", {"state": "solid"})])
     target = tg.format_target(tg.make_diff(current, frozen))
-    assert target == '{"m":[{"u":4,"N":"ice","t":"Water","p":{"state":"solid"}}]}'
+    assert target == '{"m":[{"u":4,"N":"ice","p":{"state":"solid"}}]}'
     diff, _ = tg.parse_diff(target, current)
     assert tg.rebuild(current, diff)["objects"][0]["contains"] == ["ice"]
 
@@ -245,21 +291,38 @@ def test_rename_reaches_containers_not_in_the_diff():
         ('{"r":["2"]}', "removed uuids must be integers"),
         ('{"r":[2,2]}', "removed lists a uuid twice"),
         ('{"r":2}', "r must be a list"),
-        ('{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"isOn":"yes"}}]}', "property 'isOn' must stay a boolean, got string"),
-        ('{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"temperature":true}}]}', "must stay a number, got boolean"),
-        ('{"m":[{"u":2,"n":"kettle","t":"Kettle","p":["isOn"]}]}', "properties p must be an object"),
-        ('{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"temperature":NaN}}]}', "NaN is not valid JSON"),
-        ('{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"temperature":1e999}}]}', "is not a finite number"),
-        ('{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"x":[[[[[[[[[1]]]]]]]]]}}]}', "nests deeper than 8 levels"),
-        ('{"m":[{"u":"2","n":"kettle","t":"Kettle"}]}', "object uuid u must be an integer"),
-        ('{"m":[{"u":2,"t":"Kettle"}]}', "needs exactly one of n"),
-        ('{"m":[{"u":2,"n":"kettle","N":"kettle","t":"Kettle"}]}', "needs exactly one of n"),
-        ('{"m":[{"u":2,"n":"kettle"}]}', "type t must be a string"),
-        ('{"m":[{"u":2,"n":"kettle","t":"Kettle","x":1}]}', "unknown object keys ['x']"),
-        ('{"m":[{"u":2,"n":"kettle","t":"Kettle","c":[9]}]}', "contains uuid 9, which is not an object after the step"),
-        ('{"m":[{"u":2,"n":"kettle","t":"Kettle","c":[1.5]}]}', "contains must list uuids"),
-        ('{"m":[{"u":2,"n":"k","t":"K"},{"u":2,"n":"k","t":"K"}]}', "modified lists a uuid twice"),
-        ('{"m":[{"u":2,"n":"k","t":"K"}],"r":[2]}', "both modified and removed"),
+        ('{"m":[{"u":2,"p":{"isOn":"yes"}}]}', "property 'isOn' must stay a boolean, got string"),
+        ('{"m":[{"u":2,"p":{"temperature":true}}]}', "must stay a number, got boolean"),
+        ('{"m":[{"u":2,"p":["isOn"]}]}', "properties p must be an object"),
+        ('{"m":[{"u":2,"p":{"temperature":NaN}}]}', "NaN is not valid JSON"),
+        ('{"m":[{"u":2,"p":{"temperature":1e999}}]}', "is not a finite number"),
+        ('{"m":[{"u":2,"p":{"x":[[[[[[[[[1]]]]]]]]]}}]}', "nests deeper than 8 levels"),
+        ('{"m":[{"u":"2","p":{"isOn":true}}]}', "object uuid u must be an integer"),
+        ('{"m":[{"u":2,"n":"kettle","N":"kettle"}]}', "has both n (name without ID suffix) and N (full name)"),
+        ('{"m":[{"u":2,"n":7}]}', "name must be a string"),
+        ('{"m":[{"u":2,"t":null}]}', "type t must be a string"),
+        ('{"m":[{"u":2,"q":1}]}', "unknown object keys ['q']; allowed: u, n or N, t, p, x, c"),
+        ('{"m":[{"u":2,"c":[9]}]}', "contains uuid 9, which is not an object after the step"),
+        ('{"m":[{"u":2,"c":[1.5]}]}', "contains must list uuids"),
+        ('{"m":[{"u":2,"c":2}]}', "object 2 c must be a list"),
+        ('{"m":[{"u":2,"p":{"isOn":true}},{"u":2,"p":{"isOn":true}}]}', "modified lists a uuid twice"),
+        ('{"m":[{"u":2,"p":{"isOn":true}}],"r":[2]}', "both modified and removed"),
+        # an existing object's entry must change something
+        ('{"m":[{"u":2}]}', "object 2 lists no change"),
+        ('{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"isOn":false,"temperature":20}}]}', "object 2 lists no change"),
+        ('{"m":[{"u":1,"c":[2,0]}]}', "object 1 lists no change"),  # contents are a multiset
+        ('{"m":[{"u":2,"x":[]}]}', "object 2 lists no change"),
+        # removed properties: existing ones, as a list of names, not also set
+        ('{"m":[{"u":2,"x":"isOn"}]}', "object 2 x must be a list"),
+        ('{"m":[{"u":2,"x":[1]}]}', "x must list names of its current properties, got 1"),
+        ('{"m":[{"u":2,"x":[["isOn"]]}]}', "x must list names of its current properties, got ['isOn']"),
+        ('{"m":[{"u":2,"x":["colour"]}]}', "x must list names of its current properties, got 'colour'"),
+        ('{"m":[{"u":2,"p":{"isOn":true},"x":["isOn"]}]}', "property 'isOn' is both set (p) and removed (x)"),
+        ('{"m":[{"u":2,"x":["isOn","isOn"]}]}', "x lists a property twice"),
+        # a created object (uuid not in the current state) comes in full, with nothing to remove
+        ('{"m":[{"u":5,"t":"Cup"}]}', "object 5 is created (not in the current state), so it needs n or N (name) and t"),
+        ('{"m":[{"u":5,"n":"cup"}]}', "object 5 is created (not in the current state), so it needs n or N (name) and t"),
+        ('{"m":[{"u":5,"n":"cup","t":"Cup","x":["isOn"]}]}', "object 5 is created, so it has no properties to remove"),
         ('{"s":{"s":"1"}}', "score must be a number"),
         ('{"s":{"g":1}}', "gameOver must be true or false"),
         ('{"s":{"score":1}}', "unknown score keys ['score']"),
@@ -272,12 +335,13 @@ def test_parse_diff_reports_errors(text, error):
 
 
 def test_parse_diff_accepts_created_object_with_fresh_uuid():
-    text = '{"m":[{"u":5,"n":"cup","t":"Cup"},{"u":0,"n":"agent","t":"Agent","p":{"isContainer":true},"c":[5]}]}'
+    text = '{"m":[{"u":5,"n":"cup","t":"Cup"},{"u":6,"N":"tea","t":"Tea","p":{"hot":true},"c":[5]},{"u":0,"c":[6]}]}'
     diff, error = tg.parse_diff(text, CURRENT)
     assert error is None
     rebuilt = tg.rebuild(CURRENT, diff)
-    assert rebuilt["objects"][-1] == _obj("cup (ID: 5)", 5, "Cup", {})
-    assert rebuilt["objects"][1]["contains"] == ["cup (ID: 5)"]
+    assert rebuilt["objects"][-2:] == [_obj("cup (ID: 5)", 5, "Cup", {}), _obj("tea", 6, "Tea", {"hot": True}, ["cup (ID: 5)"])]
+    assert rebuilt["objects"][1]["contains"] == ["tea"]
+    assert tg.format_target(diff) == text
 
 
 # ---- correctness and rewards ----
@@ -301,11 +365,8 @@ def test_binary_reward():
 
 
 def test_task_reward_partial_credit_by_hand():
-    forgot_heat = '{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"isOn":true,"temperature":20.0}}]}'
-    spurious = (
-        '{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"isOn":true,"temperature":30.0}},'
-        '{"u":0,"n":"agent","t":"Agent","p":{"isContainer":false}}]}'
-    )
+    forgot_heat = '{"m":[{"u":2,"p":{"isOn":true}}]}'
+    spurious = '{"m":[{"u":2,"p":{"isOn":true,"temperature":30.0}},{"u":0,"p":{"isContainer":false}}]}'
     rewards = tg.task_reward([HEATED_TARGET, forgot_heat, spurious, "{}"], current=[CURRENT] * 4, next=[HEATED] * 4)
     # gold pairs: room (isContainer, contents), agent (isContainer, contents), kettle (isOn, temperature, contents) = 7;
     # changed pairs in the gold: kettle isOn and temperature
@@ -330,8 +391,8 @@ def test_task_reward_score_fields_and_unchanged_transition():
 def test_task_reward_counts_removed_and_created_objects():
     removed = _with(CURRENT, o1={"contains": ["agent (ID: 0)"]})
     del removed["objects"][2]
-    good = '{"m":[{"u":1,"n":"room","t":"World","p":{"isContainer":true},"c":[0]}],"r":[2]}'
-    kept = '{"m":[{"u":1,"n":"room","t":"World","p":{"isContainer":true},"c":[0]}]}'
+    good = '{"m":[{"u":1,"c":[0]}],"r":[2]}'
+    kept = '{"m":[{"u":1,"c":[0]}]}'
     rewards = tg.task_reward([good, kept], current=[CURRENT] * 2, next=[removed] * 2)
     assert rewards[0]["score"] == pytest.approx(1.3)
     # changed pairs: room contents, kettle isOn / temperature / contents (gone); kept the kettle: 1 of 4 right
@@ -427,7 +488,7 @@ _VALID_TARGETS = [tg.format_target(tg.make_diff(t.current, t.next)) for t in loa
 _FIXTURE_PAIRS = [(t.current, t.next) for t in load_transitions(FIXTURE)]
 _JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 10) | st.floats(allow_nan=True) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(list("unNtpcmrsgw") + ["isOn"]), inner, max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(list("unNtpxcmrsgw") + ["isOn"]), inner, max_size=5),
     max_leaves=30,
 )
 
@@ -437,11 +498,13 @@ _PROPERTY_VALUES = (
 )
 _PROPERTY_NAMES = st.sampled_from(["isOn", "temperature", "isContainer", "stateOfMatter", "connects"])
 _WIRE_OBJECTS = st.fixed_dictionaries(
-    {"u": st.integers(-1, 6), "t": st.text(max_size=5)},
+    {"u": st.integers(-1, 6)},
     optional={
+        "t": st.text(max_size=5),
         "n": st.text(max_size=8),
         "N": st.text(max_size=8),
         "p": st.dictionaries(_PROPERTY_NAMES, _PROPERTY_VALUES, max_size=4),
+        "x": st.lists(_PROPERTY_NAMES, max_size=2) | _PROPERTY_VALUES,
         "c": st.lists(st.integers(-1, 6) | st.sampled_from(["water", "x"]), max_size=3),
     },
 )
