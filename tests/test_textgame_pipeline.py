@@ -97,7 +97,7 @@ def test_rlvr_two_steps_log_reward_and_parse_failures(sft_run, tmp_path):
     config = TextGameRLVRConfig(
         run_dir=str(tmp_path), model=str(sft_run / "final"), reward="task", data=str(FIXTURE), eval_data=str(FIXTURE),
         eval_accuracy_examples=2, eval_batch_size=2,
-        grpo=GRPOConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=128, lr=1e-4, save_every=2),
+        grpo=GRPOConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=43, lr=1e-4, save_every=2),
     )
     final = run_textgame_rlvr(config)
     assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
@@ -108,7 +108,7 @@ def test_rlvr_two_steps_log_reward_and_parse_failures(sft_run, tmp_path):
     # the task reward's 100:5 balance keeps the 4 changed transitions (5% of 4 rounds to no unchanged one), and the
     # one whose target does not fit in max_new_tokens is dropped
     stats = json.loads((tmp_path / "data_stats.json").read_text())
-    assert stats["target_tokens"]["n"] == 4 and stats["target_tokens"]["max"] > 128
+    assert stats["target_tokens"]["n"] == 4 and stats["target_tokens"]["max"] > 43
     assert stats["dropped_too_long"] == 1 and stats["kept"] == stats["kept_changed"] == 3
 
 
