@@ -49,8 +49,7 @@ def datasets(textworld: str) -> dict[str, str]:
 
 
 CACHE = OUT / "textgame_world_model.cache.json"
-# gold diffs: ByteSized32 valid p99 ~83 tokens, TextWorld ~37 (full-object form of the shipped checkpoints: ~210, ~130);
-# longer ones count as failures
+# gold diffs: ByteSized32 valid p99 ~83 tokens, TextWorld ~37; longer completions count as failures
 MAX_NEW_TOKENS = 256
 
 

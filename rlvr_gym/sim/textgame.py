@@ -45,8 +45,8 @@ HELD_OUT_SEED = 1_000_000
 """First seed of the start-state games; `collect textworld` trains on seeds from 0, far below."""
 DEFAULT_MAX_STEPS = 30
 DEFAULT_MAX_NEW_TOKENS = 256
-"""TextWorld diffs are at most ~43 tokens of the ByteSized32 BPE (~140 in the full-object form the shipped checkpoints
-were trained on); longer completions are cut and fail to parse."""
+"""TextWorld diffs are at most ~43 tokens of the ByteSized32 BPE (ByteSized32's ~136); the room is for a `--model` that
+tokenizes more finely. Longer completions are cut and fail to parse."""
 NOOP_COMMAND = "look"
 """TextWorld's command that changes nothing; the discrete wrappers send it for an index past the candidate list."""
 MAX_OBSERVATION_CHARS = 8192
