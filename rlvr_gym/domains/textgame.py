@@ -268,7 +268,7 @@ def _parse_diff(text: str, current: State) -> dict[str, Any]:
         raise _DiffError(f"expected a JSON object {{m, r, s}}, got {type(wire).__name__}")
     if unknown := set(wire) - _DIFF_KEYS:
         raise _DiffError(f"unknown diff keys {sorted(unknown)}; allowed: m (modified), r (removed), s (score)")
-    current_objects = {o["uuid"]: o for o in _by_uuid_contents(current)}
+    current_objects = {o["uuid"]: o for o in current["objects"]}
     current_uuids = current_objects.keys()
 
     removed = _list(wire.get("r", []), "r")
@@ -424,11 +424,6 @@ def _wire_change(change: dict[str, Any]) -> dict[str, Any]:
 def _wire_name(name: str, uuid: int) -> dict[str, str]:
     match = _ID_SUFFIX.match(name)
     return {"n": match.group(1)} if match and match.group(2) == str(uuid) else {"N": name}
-
-
-def _object_key(obj: dict[str, Any]) -> tuple:
-    """What must match for an object (contents by uuid) to count as unchanged."""
-    return obj["name"], obj["type"], _canon(obj["properties"]), sorted(map(_canon, obj["contains"]))
 
 
 def _pair_values(state: State) -> dict[tuple, Any]:
