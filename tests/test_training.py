@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file
 
-from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama, load_model
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama, context_of, extend_context, load_model
 from rlvr_gym.train.demo import DemoConfig, char_tokenizer, make_examples, run_demo
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
 from rlvr_gym.train.run import read_log
@@ -84,6 +85,19 @@ def test_a_time_limit_stops_with_a_checkpoint_and_resume_finishes(tmp_path, init
     train_sft(SFTConfig(**{**vars(config), "max_minutes": 0.0, "resume": True}), examples())
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000005"
     assert [r["step"] for r in read_log(tmp_path) if "train/loss" in r] == [1, 2, 3, 4, 5]
+
+
+def test_extend_context_keeps_the_model_and_raises_its_positions(tmp_path, init_model):
+    longer = extend_context(init_model, tmp_path / "longer", 64)
+    assert context_of(init_model) == 32 and context_of(longer) == 64
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(load_model(init_model)[0](ids).logits, load_model(longer)[0](ids).logits)
+        assert load_model(longer)[0](torch.ones(1, 60, dtype=torch.long)).logits.isfinite().all()
+    gpt2 = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, n_positions=32, vocab_size=50)).save_pretrained(gpt2)
+    with pytest.raises(ValueError, match="no rotary position embedding"):
+        extend_context(gpt2, tmp_path / "gpt2-longer", 64)
 
 
 def test_missing_or_corrupt_checkpoints_give_clear_errors(tmp_path, init_model):

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from rlvr_gym.domains.web import (
     apply_diff,
+    expand_diff,
     format_prompt,
     format_target,
     item_f1,
@@ -110,6 +111,43 @@ def test_apply_diff_is_lenient_about_ids_the_tree_does_not_have():
     tree = "[1] Root 'p'\n\t[2] button 'Go'"
     odd = {"new": ["\t[2] button 'Stop'"], "deleted": ["\t[9] link 'x'"], "updated": ["\t[8] link 'y'"]}
     assert apply_diff(tree, odd) == "[1] Root 'p'\n\t[2] button 'Stop'"
+
+
+PANEL = "\n".join([
+    "[1] Root 'p'",
+    "\t[2] table ''",
+    "\t\t[3] row ''",
+    "\t\t\t[4] link '1'",
+    "\t\t\t[5] link '2'",
+    "\t[6] button 'Go'",
+])
+
+
+def test_a_deleted_subtree_is_listed_by_its_first_line_and_deleted_whole():
+    after = "[1] Root 'p'\n\t[7] table ''\n\t\t[8] link '3'\n\t[6] button 'Go'"
+    diff = make_diff(PANEL, after)
+    assert diff == {"new": ["\t[7] table ''", "\t\t[8] link '3'"], "deleted": ["\t[2] table ''"], "updated": []}
+    assert apply_diff(PANEL, diff) == after
+    line_by_line = expand_diff(PANEL, diff)
+    assert line_by_line["deleted"] == PANEL.split("\n")[1:5] and line_by_line["new"] == diff["new"]
+
+
+def test_a_line_that_stays_under_a_deleted_one_is_kept_as_updated():
+    after = "[1] Root 'p'\n\t\t\t[5] link '2'\n\t[6] button 'Go'"  # the table and row go, link 2 stays
+    diff = make_diff(PANEL, after)
+    assert diff == {"new": [], "deleted": ["\t[2] table ''"], "updated": ["\t\t\t[5] link '2'"]}
+    assert apply_diff(PANEL, diff) == after
+    assert expand_diff(PANEL, diff) == {"new": [], "deleted": PANEL.split("\n")[1:4], "updated": []}
+
+
+def test_f1_scores_the_page_change_whatever_the_encoding_left_out():
+    after = "[1] Root 'p'\n\t[6] button 'Go'"
+    compact = format_target(make_diff(PANEL, after), 0.0, False)
+    every_line = format_target({"new": [], "deleted": PANEL.split("\n")[1:5], "updated": []}, 0.0, False)
+    only_the_row = format_target({"new": [], "deleted": ["\t\t[3] row ''"], "updated": []}, 0.0, False)
+    rows = web_reward([compact, every_line, only_the_row], [PANEL] * 3, [after] * 3, [0.0] * 3, [False] * 3)
+    assert rows[0]["f1"] == rows[1]["f1"] == 1.0
+    assert rows[2]["precision"] == 1.0 and rows[2]["recall"] == pytest.approx(3 / 4)  # row and its two links
 
 
 def test_item_f1_pools_sections_with_exact_match():

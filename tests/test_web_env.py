@@ -79,6 +79,21 @@ def test_typing_fills_the_field_and_waits_for_autocomplete(env):
     assert find(after, "textbox", "From:")[0].props["value"] == "Anvik"
     suggestions = [n for n in find(after, "StaticText") if n.name.startswith("Anvik, AK") and not n.hidden]
     assert suggestions and not next(n for n in parse(after) if n.id == menu.id).hidden
+    again, *_ = env.step(type_text(origin.id, "Zzq"))  # no match: the status region gets a new message
+    assert live_region_lines(again) and not any(n.hidden for n in live_region_lines(again))
+
+
+def live_region_lines(tree_text):
+    """The nodes inside `status` regions: their old, hidden messages must not be in the tree."""
+    inside, status_depth = [], None
+    for n in parse(tree_text):
+        if status_depth is not None and n.depth <= status_depth:
+            status_depth = None
+        if status_depth is not None:
+            inside.append(n)
+        elif n.role == "status":
+            status_depth = n.depth
+    return inside
 
 
 @pytest.mark.parametrize("task", ["click-test-2", "enter-text", "login-user", "click-checkboxes", "search-engine"])

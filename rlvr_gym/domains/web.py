@@ -14,14 +14,17 @@ Target (`format_target`), the change the action makes and what the task says abo
     New items:
     <lines whose id was not in the tree before, in the new tree's order>
     Deleted items:
-    <lines whose id is gone, as they were>
+    <the first line of each run of lines that are gone, as it was: a deleted line takes the lines under it along>
     Updated items:
-    <lines whose id stayed but whose text changed (indentation included), as they are now>
+    <lines whose id stayed but whose text changed (indentation included), as they are now; and lines that stay
+     while a line above them goes (unchanged or not), which keeps them>
     Reward: <MiniWoB's raw reward, e.g. 0, 1, -1>
     Done: yes|no
 
 An empty section is the single item `None`. Items keep their indentation, so applying a diff rebuilds lines
-exactly.
+exactly. Listing a deleted subtree by its first line, not line by line, keeps the targets short where a page
+re-renders a block: a datepicker that turns the month deletes 85 lines, now listed as a few (on the bench's
+choose-date transitions the mean target falls from 629 to 358 tokens, and every one fits the context).
 
 `apply_diff` keeps the tree's order: deleted lines go, updated lines are replaced in place, and new items are
 inserted in the order listed. An item goes right after the item listed before it when it can be that item's
@@ -37,8 +40,10 @@ the next tree exactly for 305; in the others the lines are right and only the pl
 already in the tree is applied as an update; deleted or updated ids that are not in the tree are ignored.
 
 Reward (`web_reward`, TRL-style): `0.8 * item_f1 + 0.1 * reward_ok + 0.1 * done_ok`, in [0, 1]. Item F1 pools the
-three sections: an item counts as a true positive when the same string is in the same section of the gold diff
-(multisets); precision = TP / |predicted items|, recall = TP / |gold items|, and F1 = 1.0 when both are empty.
+three sections of the line-by-line diff (`expand_diff`: every deleted line listed, updated items that repeat
+their line left out), so it scores the predicted page change, not its encoding: an item counts as a true
+positive when the same string is in the same section of the gold diff (multisets); precision = TP / |predicted
+items|, recall = TP / |gold items|, and F1 = 1.0 when both are empty.
 `reward_ok` is whether the predicted reward is within 1e-3 of the real one. A completion that does not parse
 scores 0.0 with the error. The "no change" baseline (`no_change_target`) predicts no items, reward 0, not done.
 """
@@ -77,13 +82,39 @@ def format_prompt(utterance: str, tree: str, action: str) -> str:
 
 
 def make_diff(tree_before: str, tree_after: str) -> Diff:
-    """New, deleted and updated lines between two trees of one episode, keyed by line id."""
+    """New, deleted and updated lines between two trees of one episode, keyed by line id; a deleted line under a
+    deleted line is left out (it goes with it), and a line that stays under a deleted one is listed as updated."""
     before, after = _lines_by_id(tree_before), _lines_by_id(tree_after)
+    parent = _parent_ids(tree_before)
+    gone = {i for i in before if i not in after}
+
+    def under_gone(i: int) -> bool:
+        while (i := parent.get(i)) is not None:
+            if i in gone:
+                return True
+        return False
+
     return {
         "new": [line for i, line in after.items() if i not in before],
-        "deleted": [line for i, line in before.items() if i not in after],
-        "updated": [line for i, line in after.items() if i in before and before[i] != line],
+        "deleted": [line for i, line in before.items() if i in gone and parent.get(i) not in gone],
+        "updated": [line for i, line in after.items() if i in before and (before[i] != line or under_gone(i))],
     }
+
+
+def expand_diff(tree: str, diff: Diff) -> Diff:
+    """The diff line by line, as `apply_diff` applies it to `tree`: every line it deletes listed (in tree order),
+    and no updated item that repeats its line. Item F1 is scored on this, whatever the encoding left out."""
+    lines = _lines_by_id(tree)
+    updated = [line for line in diff["updated"] if lines.get(_line_id(line)) != line]
+    new = []
+    for line in diff["new"]:
+        line_id = _line_id(line)
+        if line_id not in lines:
+            new.append(line)
+        elif lines[line_id] != line:
+            updated.append(line)
+    deleted = _deleted_ids(tree, diff)
+    return {"new": new, "deleted": [line for i, line in lines.items() if i in deleted], "updated": updated}
 
 
 def format_target(diff: Diff, reward: float, done: bool) -> str:
@@ -121,7 +152,7 @@ def apply_diff(tree: str, diff: Diff) -> str:
             updated[_line_id(line)] = line
         else:
             new.append(line)
-    deleted = {_line_id(line) for line in diff["deleted"]}
+    deleted = _deleted_ids(tree, diff)
     # Entries are [line, depth, kind]: kind "keep", "updated", "new", or "slot" for a deleted line's place.
     out = []
     for line in lines:
@@ -150,7 +181,8 @@ def apply_diff(tree: str, diff: Diff) -> str:
 
 
 def item_f1(pred: Diff, gold: Diff) -> float:
-    """F1 over items pooled across the three sections, exact string match; 1.0 when both are empty."""
+    """F1 over items pooled across the three sections, exact string match; 1.0 when both are empty (`web_reward`
+    scores the diffs line by line: `expand_diff` of each)."""
     return _precision_recall_f1(pred, gold)[2]
 
 
@@ -169,7 +201,9 @@ def web_reward(
         if error is not None:
             rows.append({"score": 0.0, "error": error})
             continue
-        precision, recall, f1 = _precision_recall_f1(target, make_diff(before, after))
+        precision, recall, f1 = _precision_recall_f1(
+            expand_diff(before, target), expand_diff(before, make_diff(before, after))
+        )
         reward_ok = float(abs(target["reward"] - float(gold_reward)) <= REWARD_TOLERANCE)
         done_ok = float(target["done"] == bool(gold_done))
         rows.append({
@@ -300,6 +334,44 @@ def _next_parent_end(out: list[list], start: int, depth: int) -> int | None:
 def _role(line: str) -> str:
     parts = line.lstrip("\t").split(" ", 2)
     return parts[1] if len(parts) > 1 else ""
+
+
+def _deleted_ids(tree: str, diff: Diff) -> set[int]:
+    """Ids of the tree's lines the diff deletes: each deleted line and the lines under it, but for those the diff
+    keeps (an updated item, or a new item whose id the tree has)."""
+    listed = {_line_id(line) for line in diff["deleted"]}
+    kept = {_line_id(line) for line in diff["updated"] + diff["new"]}
+    deleted = set()
+    cut_depth = None  # depth of the deleted line whose subtree we are in
+    for line in tree.split("\n") if tree else []:
+        line_id, depth = _line_id(line), _depth(line)
+        if line_id is None:
+            continue
+        if cut_depth is not None and depth <= cut_depth:
+            cut_depth = None
+        if line_id in listed:
+            deleted.add(line_id)
+            if cut_depth is None:
+                cut_depth = depth
+        elif cut_depth is not None and line_id not in kept:
+            deleted.add(line_id)
+    return deleted
+
+
+def _parent_ids(tree: str) -> dict[int, int]:
+    """Each line's parent line id (the nearest line above it one tab less deep); top lines have none."""
+    parent, above = {}, []  # above: (depth, id) of the lines that can still be a parent
+    for line in tree.split("\n"):
+        line_id = _line_id(line)
+        if line_id is None:
+            continue
+        depth = _depth(line)
+        while above and above[-1][0] >= depth:
+            above.pop()
+        if above:
+            parent[line_id] = above[-1][1]
+        above.append((depth, line_id))
+    return parent
 
 
 def _lines_by_id(tree: str) -> dict[int, str]:

@@ -9,7 +9,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+)
 from transformers.utils import logging as hf_logging
 
 hf_logging.disable_progress_bar()  # per-file load/save bars drown the training progress bar
@@ -93,6 +95,35 @@ def pick_device(name: str = "auto") -> torch.device:
 def context_length(model: torch.nn.Module) -> int:
     """Positions the model was built for (prompt and completion together); unbounded when its config names none."""
     return getattr(model.config, "max_position_embeddings", None) or 1 << 30
+
+
+def context_of(name_or_dir: str | os.PathLike) -> int:
+    """`context_length` of a checkpoint, read from its config without loading the weights."""
+    path = resolve_checkpoint(name_or_dir)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as error:
+        raise CheckpointError(f"checkpoint {path} has no readable config ({type(error).__name__}: {error})") from error
+    return getattr(config, "max_position_embeddings", None) or 1 << 30
+
+
+def extend_context(src: str | os.PathLike, dst: str | os.PathLike, positions: int) -> Path:
+    """Copy a rotary-position model (and its tokenizer) from `src` to `dst` with its context raised to `positions`.
+    Its weights do not depend on the context, so this is only the config; fine-tuning on the longer examples teaches
+    the new positions. A model with learned position embeddings cannot be extended: ValueError."""
+    model, tokenizer = load_model(src)
+    rope = getattr(model.config, "rope_parameters", None) or getattr(model.config, "rope_theta", None)
+    if not rope or not hasattr(model.config, "max_position_embeddings"):
+        raise ValueError(
+            f"{src} has {context_length(model)} positions and no rotary position embedding to extend to {positions}: "
+            "lower the length limits or train a model with a longer context"
+        )
+    model.config.max_position_embeddings = max(positions, context_length(model))
+    dst = Path(dst)
+    model.save_pretrained(dst)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(dst)
+    return dst
 
 
 def parameter_count(model: torch.nn.Module) -> int:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from envs.web import TASKS, InvalidAction, WebTaskEnv, click, parse, parse_action, type_text
+from envs.web.tree import normalise_tree
 from rlvr_gym.domains.web import SECTIONS, apply_diff, parse_target
 from rlvr_gym.evaluation.textgame import checked_tokenizer
 from rlvr_gym.evaluation.web import encode_prompts
@@ -115,7 +116,10 @@ def load_start_pages(checkpoint: str | os.PathLike) -> list[StartPage]:
         data = json.loads(path.read_text())
         if data.get("format") != START_PAGES_FORMAT or data.get("version") != START_PAGES_VERSION:
             raise ValueError(f"format {data.get('format')!r} version {data.get('version')!r}")
-        pages = [StartPage(str(p["task"]), int(p["seed"]), str(p["utterance"]), str(p["tree"])) for p in data["pages"]]
+        pages = [
+            StartPage(str(p["task"]), int(p["seed"]), str(p["utterance"]), normalise_tree(str(p["tree"])))
+            for p in data["pages"]
+        ]
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise CheckpointError(f"{path} is not a start-page file of this version ({error}): {fix}") from None
     if not pages:

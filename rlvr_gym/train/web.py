@@ -58,6 +58,7 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from envs.web import TASKS, WebTaskEnv, record_transitions
 from envs.web.env import BROWSER_ERRORS
 from envs.web.solvers import EXPERTS
+from envs.web.tree import normalise_tree
 from rlvr_gym.domains.web import web_reward
 from rlvr_gym.evaluation.textgame import load_tokenizer
 from rlvr_gym.evaluation.web import (
@@ -71,7 +72,7 @@ from rlvr_gym.evaluation.web import (
     subsample,
     target_text,
 )
-from rlvr_gym.models.lm import LlamaSize, build_llama, parameter_count
+from rlvr_gym.models.lm import LlamaSize, build_llama, context_of, extend_context, parameter_count
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
 from rlvr_gym.train.run import atomic_write_text, barrier, record_config, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
@@ -356,6 +357,9 @@ def load_web_data(data_dir: str | os.PathLike) -> tuple[list[dict], dict]:
             raise ValueError(f"{path}: corrupt ({type(e).__name__}: {e}); collect the dataset again") from None
         if len(part) != entry["transitions"]:
             raise ValueError(f"{path}: holds {len(part)} transitions, {MANIFEST} says {entry['transitions']}")
+        for record in part:  # datasets recorded before hidden subtrees were marked once read the same
+            for key in ("tree_before", "tree_after"):
+                record[key] = normalise_tree(record[key])
         records += part
     return records, manifest
 
@@ -561,6 +565,14 @@ def run_web_sft(config: WebSFTConfig) -> Path:
     check_run(root, config, d.is_main)
     train, manifest, held_out, _ = load_train_and_eval(config.data, config.eval_data)
     model_dir = Path(config.model) if config.model else root / "init"
+    if config.model and context_of(config.model) < config.max_prompt_tokens + config.max_target_tokens:
+        # The longest examples kept need more positions than the model has: train a copy with a longer context.
+        model_dir = root / "init"
+        if d.is_main and not (config.resume and (model_dir / "config.json").is_file()):
+            extend_context(config.model, model_dir, config.max_prompt_tokens + config.max_target_tokens)
+            log.info("%s: context raised to %d positions in %s", config.model,
+                     config.max_prompt_tokens + config.max_target_tokens, model_dir)  # fmt: skip
+        barrier(d)
     if not config.model:
         if d.is_main and not (config.resume and (model_dir / "tokenizer.json").is_file()):
             tokenizer = train_web_tokenizer(transition_texts(train), config.vocab_size)
