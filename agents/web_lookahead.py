@@ -86,7 +86,7 @@ class LookaheadConfig:
     """Actions per episode at most."""
     temperature: float = 0.0
     """World-model sampling temperature (0: greedy)."""
-    max_new_tokens: int = 512
+    max_new_tokens: int = 768
     """Completion limit of a prediction; a longer one does not parse."""
     batch_size: int = 32
     """Candidates decoded together."""

@@ -23,7 +23,7 @@ from rlvr_gym.evaluation.web import (
     run_web_eval,
     target_text,
 )
-from rlvr_gym.models.lm import CheckpointError, LlamaSize, load_model
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, context_of, load_model
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.run import read_log
 from rlvr_gym.train.sft import SFTConfig
@@ -69,8 +69,8 @@ def data(tmp_path_factory):
 def sft_config(data, run_dir, **kw) -> WebSFTConfig:
     train, held_out = data
     settings = dict(
-        run_dir=str(run_dir), data=str(train), eval_data=str(held_out), size=TINY, vocab_size=400,
-        eval_predict_examples=4, eval_batch_size=4, max_target_tokens=512,
+        run_dir=str(run_dir), data=(str(train),), eval_data=str(held_out), size=TINY, vocab_size=400,
+        eval_predict_examples=4, eval_batch_size=4, max_prompt_tokens=1024, max_target_tokens=512,
         sft=SFTConfig(steps=3, batch_size=4, micro_batch=4, save_every=2, eval_examples=4),
     )  # fmt: skip
     return WebSFTConfig(**{**settings, **kw})
@@ -108,9 +108,12 @@ def test_collect_writes_task_files_and_a_manifest_that_read_back(data):
 
 def test_train_and_held_out_sets_must_not_share_an_episode(data):
     train, held_out = data
-    load_train_and_eval(str(train), str(held_out))
-    with pytest.raises(ValueError, match="share .* episodes .*another --seed"):
+    records, manifests, _, _ = load_train_and_eval([str(train), str(held_out)], "")  # two training sets together
+    assert len(records) == sum(m["transitions"] for _, m in manifests) and [d for d, _ in manifests] == [str(train), str(held_out)]
+    with pytest.raises(ValueError, match="share .* episodes .*own --seed"):
         load_train_and_eval(str(train), str(train))
+    with pytest.raises(ValueError, match="share .* episodes .*own --seed"):
+        load_train_and_eval([str(train), str(train)], "")
 
 
 def test_tokenizer_round_trips_and_makes_element_ids_single_tokens(data):
@@ -162,12 +165,15 @@ def test_sft_from_a_local_pretrained_model_keeps_its_tokenizer(sft_run, data, tm
     final = run_web_sft(config)
     assert not (tmp_path / "init").exists() and [r["step"] for r in read_log(tmp_path)] == [1]
     assert load_model(final)[1].get_vocab() == load_model(sft_run / "final")[1].get_vocab()
+    # limits beyond the model's 1,536 positions: a copy with a longer context trains
+    longer = run_web_sft(sft_config(data, tmp_path / "longer", model=str(final), eval_data="", max_prompt_tokens=1536))
+    assert context_of(tmp_path / "longer" / "init") == context_of(longer) == 1536 + 512
 
 
 def test_rlvr_two_steps_log_reward_and_parse_failures(sft_run, data, tmp_path):
     train, held_out = data
     config = WebRLVRConfig(
-        run_dir=str(tmp_path), model=str(sft_run / "final"), data=str(train), eval_data=str(held_out),
+        run_dir=str(tmp_path), model=str(sft_run / "final"), data=(str(train),), eval_data=str(held_out),
         eval_predict_examples=2, eval_batch_size=2,
         grpo=GRPOConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=96, lr=1e-4, save_every=2),
     )  # fmt: skip
@@ -234,7 +240,7 @@ def test_bad_paths_give_clear_errors(sft_run, data, tmp_path):
     with pytest.raises(CheckpointError, match="neither a directory"):
         run_web_eval(WebEvalConfig(checkpoint=str(tmp_path / "no-model"), data=str(data[1])))
     with pytest.raises(CheckpointError):
-        run_web_rlvr(WebRLVRConfig(run_dir=str(tmp_path / "rl"), model=str(tmp_path), data=str(data[0]), eval_data=""))
+        run_web_rlvr(WebRLVRConfig(run_dir=str(tmp_path / "rl"), model=str(tmp_path), data=(str(data[0]),), eval_data=""))
     with pytest.raises(FileExistsError, match="--overwrite"):
         collect_web(WebCollectConfig(out=str(data[0]), tasks=TRAIN, episodes=1))
     with pytest.raises(ValueError, match="unknown or no tasks"):

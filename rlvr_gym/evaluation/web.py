@@ -138,7 +138,7 @@ def evaluate_model(
     records: Sequence[dict],
     seen_tasks: Sequence[str],
     batch_size: int = 16,
-    max_new_tokens: int = 512,
+    max_new_tokens: int = 768,
 ) -> dict[str, float]:
     """Greedy `web_metrics` of a model on recorded transitions, finite values only (the trainers log them under
     eval/)."""
@@ -178,8 +178,8 @@ def check_disjoint_episodes(a: dict[str, Sequence[int]], b: dict[str, Sequence[i
     if shared:
         examples = ", ".join(f"{t} seed {s}" for t, s in shared[:3])
         raise ValueError(
-            f"{what_a} and {what_b} share {len(shared)} episodes ({examples}): held-out episodes must come from a "
-            "collection with another --seed"
+            f"{what_a} and {what_b} share {len(shared)} episodes ({examples}): collect each set with its own --seed "
+            "(held-out episodes must be new pages, and two training sets would repeat pages)"
         )
 
 
@@ -213,7 +213,7 @@ class WebEvalConfig:
     """Sampling temperature when best_of > 1."""
     batch_size: int = 16
     """Prompts decoded together."""
-    max_new_tokens: int = 512
+    max_new_tokens: int = 768
     """Completion length limit; a longer completion is cut and counts as a parse failure."""
     threads: int = 1
     """torch threads."""

@@ -199,7 +199,7 @@ class WebWorldModel:
     done, with one batched `sample_texts` call."""
 
     def __init__(self, checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT, temperature: float = 0.0,
-                 max_new_tokens: int = 512, batch_size: int = 32):  # fmt: skip
+                 max_new_tokens: int = 768, batch_size: int = 32):  # fmt: skip
         if temperature < 0 or max_new_tokens < 1 or batch_size < 1:
             raise ValueError(
                 f"temperature must be >= 0 (0 = greedy), max_new_tokens and batch_size >= 1; got {temperature}, "
@@ -315,7 +315,7 @@ class WebWorldEnv(gym.Env):
         max_steps: int = 10,
         temperature: float = 0.0,
         task: str | None = None,
-        max_new_tokens: int = 512,
+        max_new_tokens: int = 768,
         render_mode: str | None = None,
     ):
         if max_steps < 1:

@@ -20,11 +20,12 @@ target = `format_target(diff, reward, done)` and the eos token. The from-scratch
 pre-tokens keep an element id (`[12]`) and a state property (` hidden: true`) whole, so each can be one token.
 Prompts and targets are never truncated (a cut tree makes the diff refer to lines the model never saw): examples
 over `max_prompt_tokens` / `max_target_tokens` are dropped, and the token-length distribution, per task too, and
-the number dropped go to the log and to RUN_DIR/data_stats.json. Measured on 1,171 transitions of the 11 training
-tasks (24 episodes each, BPE 2,048): prompts median 442 / p90 1,377 / max 2,154 tokens, targets median 46 / p90
-1,195 / max 1,541; the default 1,024 / 512 limits keep 711, dropping 337 of 385 book-flight transitions (its tree
-carries the hidden datepicker and autocomplete messages) and 115 of 144 choose-date ones (typing a date rebuilds the
-calendar: hundreds of new lines); 1,536 / 768 keep 992.
+the number dropped go to the log and to RUN_DIR/data_stats.json. Measured on the 8,121 transitions of the 11
+training tasks in `runs/web/train2` (160 episodes each, BPE 2,048, trees as `envs.web.tree.normalise_tree` writes
+them): prompts median 449 / p90 830 / max 1,616 tokens, targets median 47 / p90 625 / max 870; the default 1,536 /
+768 limits keep 8,103 (a datepicker's new month is a target of 600-870 tokens). Before hidden subtrees were marked
+once, live-region history dropped and deleted subtrees listed by their first line, book-flight prompts reached
+7,000 tokens and 1,024 / 512 limits kept 4,952.
 
 A run directory holds the trainer's files (config.json, log.jsonl, checkpoints/, final/; see rlvr_gym.train.run),
 web.json (this command's config: --resume with another one is refused), data_stats.json, init/ (the trained
@@ -369,17 +370,29 @@ def episodes_of(manifest: dict) -> dict[str, list[int]]:
     return {task: list(entry["seeds"]) for task, entry in manifest["tasks"].items()}
 
 
-def load_train_and_eval(data: str, eval_data: str) -> tuple[list[dict], dict, list[dict], dict | None]:
-    """Training records and manifest, and held-out records and manifest (none when eval_data is empty), checked to
-    share no episode."""
-    train, manifest = load_web_data(data)
+def load_train_and_eval(
+    data: Sequence[str], eval_data: str
+) -> tuple[list[dict], list[tuple[str, dict]], list[dict], dict | None]:
+    """Training records of one or more datasets with their (directory, manifest) pairs, and held-out records and
+    manifest (none when eval_data is empty); no two of the sets share an episode."""
+    if isinstance(data, (str, os.PathLike)):
+        data = [data]
+    train: list[dict] = []
+    manifests: list[tuple[str, dict]] = []
+    for directory in data:
+        records, manifest = load_web_data(directory)
+        for other, other_manifest in manifests:
+            check_disjoint_episodes(episodes_of(other_manifest), episodes_of(manifest), other, str(directory))
+        train += records
+        manifests.append((str(directory), manifest))
     if not train:
-        raise ValueError(f"{data} holds no transitions: collect more episodes")
+        raise ValueError(f"{', '.join(map(str, data))} holds no transitions: collect more episodes")
     if not eval_data:
-        return train, manifest, [], None
+        return train, manifests, [], None
     held_out, eval_manifest = load_web_data(eval_data)
-    check_disjoint_episodes(episodes_of(manifest), episodes_of(eval_manifest), data, eval_data)
-    return train, manifest, held_out, eval_manifest
+    for directory, manifest in manifests:
+        check_disjoint_episodes(episodes_of(manifest), episodes_of(eval_manifest), directory, eval_data)
+    return train, manifests, held_out, eval_manifest
 
 
 # ---------------------------------------------------------------------------------------------------- tokens
@@ -519,22 +532,22 @@ def write_training_record(model_dir: Path, manifests: Sequence[tuple[str, dict]]
 class WebSFTConfig:
     run_dir: str = "runs/web/sft"
     """Directory of the run: init/, checkpoints/, logs, final/."""
-    data: str = "runs/web/train"
-    """Training set written by `rlvr-gym collect web`."""
+    data: tuple[str, ...] = ("runs/web/train",)
+    """Training sets written by `rlvr-gym collect web` (several: collected with different seeds), used together."""
     eval_data: str = "runs/web/heldout"
     """Held-out set (another collection seed; seen and held-out tasks) for eval/loss and eval/ metrics; empty: none."""
     model: str = ""
     """A local pretrained Hugging Face causal LM (with its tokenizer) to fine-tune unchanged; empty: train `size`
     from scratch with a BPE tokenizer trained on the data."""
     size: LlamaSize = field(
-        default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=8, intermediate_size=688, max_positions=1536)
+        default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=8, intermediate_size=688, max_positions=2304)
     )
     """Shape of the from-scratch Llama (3.7M parameters with a 2,048-token vocabulary)."""
     vocab_size: int = 2048
     """Most tokens of the from-scratch byte-level BPE, special tokens included."""
-    max_prompt_tokens: int = 1024
+    max_prompt_tokens: int = 1536
     """Examples with longer prompts are dropped, never cut (the measured distribution: module docstring)."""
-    max_target_tokens: int = 512
+    max_target_tokens: int = 768
     """Examples with longer targets (eos included) are dropped, never cut."""
     eval_predict_examples: int = 64
     """Held-out transitions decoded greedily for eval/f1 and the rest at each evaluation (0: loss only)."""
@@ -563,7 +576,7 @@ def run_web_sft(config: WebSFTConfig) -> Path:
         )
     d = setup_processes(config.sft.threads)
     check_run(root, config, d.is_main)
-    train, manifest, held_out, _ = load_train_and_eval(config.data, config.eval_data)
+    train, manifests, held_out, _ = load_train_and_eval(config.data, config.eval_data)
     model_dir = Path(config.model) if config.model else root / "init"
     if config.model and context_of(config.model) < config.max_prompt_tokens + config.max_target_tokens:
         # The longest examples kept need more positions than the model has: train a copy with a longer context.
@@ -590,13 +603,13 @@ def run_web_sft(config: WebSFTConfig) -> Path:
     if held_out and config.sft.eval_examples:
         sample = subsample(held_out, config.sft.eval_examples, config.seed)
         loss_examples, _ = encode_examples(sample, tokenizer, config.max_prompt_tokens, config.max_target_tokens)
-    seen_tasks = list(manifest["tasks"])
+    seen_tasks = sorted({task for _, manifest in manifests for task in manifest["tasks"]})
     eval_fn = held_out_evaluation(held_out, tokenizer, seen_tasks, config.eval_predict_examples, config.seed,
                                   config.eval_batch_size, config.max_target_tokens)  # fmt: skip
     sft = SFTConfig(**{**vars(config.sft), "run_dir": str(root), "model": str(model_dir), "resume": config.resume})
     final = train_sft(sft, examples, loss_examples, eval_fn)
     if d.is_main:
-        write_training_record(final, [(config.data, manifest)])
+        write_training_record(final, manifests)
     barrier(d)
     return final
 
@@ -610,11 +623,11 @@ class WebRLVRConfig:
     """Directory of the run: checkpoints/, logs, final/."""
     model: str = "runs/web/sft/final"
     """The model to improve: the SFT run's final/ (or any checkpoint directory with its tokenizer)."""
-    data: str = "runs/web/train"
-    """Training set written by `rlvr-gym collect web` (its prompts; the reward reads the gold trees)."""
+    data: tuple[str, ...] = ("runs/web/train",)
+    """Training sets written by `rlvr-gym collect web` (their prompts; the reward reads the gold trees)."""
     eval_data: str = "runs/web/heldout"
     """Held-out set for eval/ metrics; empty: none."""
-    max_prompt_tokens: int = 1024
+    max_prompt_tokens: int = 1536
     """Prompts longer than this are dropped; so are transitions whose gold target exceeds grpo.max_new_tokens."""
     eval_predict_examples: int = 64
     """Held-out transitions decoded greedily for eval/ metrics (0: none)."""
@@ -639,7 +652,7 @@ def run_web_rlvr(config: WebRLVRConfig) -> Path:
     d = setup_processes(config.grpo.threads)
     check_run(root, config, d.is_main)
     tokenizer = load_tokenizer(config.model)
-    train, manifest, held_out, eval_manifest = load_train_and_eval(config.data, config.eval_data)
+    train, manifests, held_out, eval_manifest = load_train_and_eval(config.data, config.eval_data)
     base = read_training_record(config.model)
     if base is not None and eval_manifest is not None:
         check_disjoint_episodes(base["seeds"], episodes_of(eval_manifest), f"the training data of {config.model}",
@@ -648,13 +661,14 @@ def run_web_rlvr(config: WebRLVRConfig) -> Path:
     report_data(root, stats, d.is_main)
     # The trainer hands every column but prompt_ids to the reward: keep what web_reward reads.
     examples = [{k: e[k] for k in ("prompt_ids", "tree_before", "tree_after", "reward", "done")} for e in examples]
-    seen_tasks = sorted(set(manifest["tasks"]) | set(base["tasks"] if base else []))
+    seen_tasks = {task for _, manifest in manifests for task in manifest["tasks"]}
+    seen_tasks = sorted(seen_tasks | set((base or {}).get("tasks", [])))
     eval_fn = held_out_evaluation(held_out, tokenizer, seen_tasks, config.eval_predict_examples, config.seed,
                                   config.eval_batch_size, config.grpo.max_new_tokens)  # fmt: skip
     grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(root), "model": config.model, "resume": config.resume})
     final = train_grpo(grpo, web_reward, examples, eval_fn)
     if d.is_main:
-        write_training_record(final, [(config.data, manifest)], base)
+        write_training_record(final, manifests, base)
     barrier(d)
     return final
 
