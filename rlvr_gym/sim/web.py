@@ -28,7 +28,7 @@ import torch
 
 from envs.web import TASKS, InvalidAction, WebTaskEnv, click, parse, parse_action, type_text
 from envs.web.tree import normalise_tree
-from rlvr_gym.domains.web import SECTIONS, apply_diff, parse_target
+from rlvr_gym.domains.web import apply_diff, expand_diff, parse_target
 from rlvr_gym.evaluation.textgame import checked_tokenizer
 from rlvr_gym.evaluation.web import encode_prompts
 from rlvr_gym.models.lm import CheckpointError, context_length, load_model, resolve_checkpoint
@@ -188,7 +188,7 @@ class Prediction:
     reward: float
     done: bool
     changed: int
-    """Items in the predicted diff (new + deleted + updated)."""
+    """Lines the predicted diff changes (new + deleted + updated, line by line: `expand_diff`)."""
     text: str
     """The model's completion ('' when the action was refused before the model ran)."""
     error: str | None = None
@@ -254,7 +254,7 @@ class WebWorldModel:
         if len(observation_text(utterance, next_tree)) > MAX_TEXT_CHARS:
             error = f"the predicted page exceeds the observation's {MAX_TEXT_CHARS} characters"
             return Prediction(action, tree, 0.0, False, 0, text, error)
-        changed = sum(len(target[s]) for s in SECTIONS)
+        changed = sum(len(lines) for lines in expand_diff(tree, target).values())
         return Prediction(action, next_tree, target["reward"], target["done"], changed, text)
 
 
