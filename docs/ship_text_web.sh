@@ -9,7 +9,8 @@
 #   TEXT_DATA=../shared/data/bytesized32 TEXTWORLD=runs/textworld WEB=runs/web OUT=runs/ship bash docs/ship_text_web.sh
 #
 # Inputs: ByteSized32 train/valid (TEXT_DATA), `rlvr-gym collect textworld` train/ and heldout/ (TEXTWORLD),
-# `rlvr-gym collect web` train2/ and heldout2/ (WEB). Output: OUT/*.tar (each model in fp16, logs, eval lines).
+# `rlvr-gym collect web` train2/ (--seed 0), train3/ (--seed 3) and heldout2/ (WEB). Output: OUT/*.tar (each model
+# in fp16, logs, eval lines).
 set -u
 PY=${PY:-python3}
 RUNS=${RUNS:-runs/ship}
@@ -38,16 +39,15 @@ text_rlvr() {  # reward lr
 }
 
 web_sft() {
-  $PY -m rlvr_gym train web-sft --run-dir "$RUNS/web-sft" --data "$WEB/train2" --eval-data "$WEB/heldout2" \
-    --max-prompt-tokens 2048 --size.max-positions 2560 \
+  $PY -m rlvr_gym train web-sft --run-dir "$RUNS/web-sft" --data "$WEB/train2" "$WEB/train3" --eval-data "$WEB/heldout2" \
     --sft.steps 6000 --sft.batch-size 64 --sft.micro-batch 32 --sft.lr 1e-3 --sft.warmup-steps 100 \
     --sft.save-every 500 --sft.eval-every 1000 --sft.max-minutes "$MINUTES" > "$RUNS/web-sft.log" 2>&1
 }
 
 web_rlvr() {  # lr
-  $PY -m rlvr_gym train web-rlvr --run-dir "$RUNS/web-rlvr-$1" --model "$RUNS/web-sft/final" --data "$WEB/train2" \
-    --eval-data "$WEB/heldout2" --max-prompt-tokens 2048 --grpo.steps 2000 --grpo.lr "$1" --grpo.prompts-per-step 32 --grpo.group-size 8 \
-    --grpo.micro-batch 32 --grpo.max-new-tokens 256 --grpo.save-every 50 --grpo.eval-every 50 \
+  $PY -m rlvr_gym train web-rlvr --run-dir "$RUNS/web-rlvr-$1" --model "$RUNS/web-sft/final" \
+    --data "$WEB/train2" "$WEB/train3" --eval-data "$WEB/heldout2" --grpo.steps 2000 --grpo.lr "$1" \
+    --grpo.prompts-per-step 32 --grpo.group-size 8 --grpo.micro-batch 32 --grpo.max-new-tokens 768 --grpo.save-every 50 --grpo.eval-every 50 \
     --grpo.max-minutes "$MINUTES" > "$RUNS/web-rlvr-$1.log" 2>&1
 }
 
