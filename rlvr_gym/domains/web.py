@@ -26,18 +26,19 @@ exactly. Listing a deleted subtree by its first line, not line by line, keeps th
 re-renders a block: a datepicker that turns the month deletes 85 lines, now listed as a few (on the bench's
 choose-date transitions the mean target falls from 629 to 358 tokens, and every one fits the context).
 
-`apply_diff` keeps the tree's order: deleted lines go, updated lines are replaced in place, and new items are
-inserted in the order listed. An item goes right after the item listed before it when it can be that item's
-sibling, a sibling of one of the run's new ancestors, or its child (never under a leaf line: StaticText, image,
-text field); otherwise it becomes the last child of the next line one level up after the last insertion (new
-content of a container that already existed, e.g. a results list). An item that starts a run elsewhere, at
-depth d, takes the place of the first not yet reused deleted line of depth d (content replaced in place); else
-it becomes the last child of a non-leaf line of depth d-1, preferring one this diff updates (a panel or menu that
-opens), then one with updated lines inside, then the last one (MiniWoB's popups attach at the end of the page);
-at depth 0 it goes at the end. On 323 transitions recorded from the 13 MiniWoB tasks of `envs.web` this rebuilds
-the next tree exactly for 305; in the others the lines are right and only the place of some new lines differs
-(an autocomplete's live-region message, search results added above an existing list). A new item whose id is
-already in the tree is applied as an update; deleted or updated ids that are not in the tree are ignored.
+`apply_diff` keeps the tree's order: deleted lines go with the lines under them (but for those the diff lists as
+updated), updated lines are replaced in place, and new items are inserted in the order listed. An item goes right
+after the item listed before it when it can be that item's sibling, a sibling of one of the run's new ancestors, or
+its child (never under a leaf line: StaticText, image, text field); otherwise it becomes the last child of the next
+line one level up after the last insertion (new content of a container that already existed, e.g. a results list).
+An item that starts a run elsewhere, at depth d, takes the place of the first not yet reused deleted line of depth d
+(content replaced in place); else it becomes the last child of a non-leaf line of depth d-1, preferring one this
+diff updates (a panel or menu that opens), then one with updated lines inside, then the last one (MiniWoB's popups
+attach at the end of the page); at depth 0 it goes at the end. On the 8,121 transitions of 11 MiniWoB tasks recorded
+for training (seed 0) this rebuilds the next tree exactly for 7,666 (94%); in the others the lines are right and
+only the place of some new lines differs (search results added above an existing list, an autocomplete's current
+message). A new item whose id is already in the tree is applied as an update; deleted or updated ids that are not in
+the tree are ignored.
 
 Reward (`web_reward`, TRL-style): `0.8 * item_f1 + 0.1 * reward_ok + 0.1 * done_ok`, in [0, 1]. Item F1 pools the
 three sections of the line-by-line diff (`expand_diff`: every deleted line listed, updated items that repeat
