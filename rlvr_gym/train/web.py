@@ -9,8 +9,8 @@ collected with different seeds share no page; the trainers and `eval web` check 
 the training set covers 11 of the 13 tasks and two are held out entirely (`HELDOUT_TASKS`):
 - `enter-text` (type a word into a text field, press Submit): login-user types into text fields and presses a
   button, search-engine types into a search box;
-- `click-collapsible-2` (expand sections, click a link in one): click-tab-2 reveals hidden panels, whose lines
-  lose `hidden: true`, in the same way, and click-link / click-tab-2 click links inside text.
+- `click-collapsible-2` (expand sections, click a link in one): click-tab-2 reveals hidden panels, whose first line
+  loses `hidden: true`, in the same way, and click-link / click-tab-2 click links inside text.
 A dataset is one directory: `<task>.jsonl.gz` per task (one transition per line: utterance, tree_before, action,
 tree_after, reward, done, task, seed, step, skill, truncated) and `manifest.json` (tasks with their seeds and
 counts, the config, the command, timing), written last.
