@@ -4,7 +4,7 @@
     python -m bench.web_world_model --models sft=DIR rlvr=DIR --episodes 20
 
 Records one fresh set of real transitions (Chromium, seed 2: episodes no training or held-out set used; 20 episodes
-per task, ~1,000 transitions, ~90 of them on the two held-out tasks) into runs/bench/web_eval_data (recorded again
+per task: 1,110 transitions, 135 of them on the two held-out tasks) into runs/bench/web_eval_data (recorded again
 when --episodes or --seed differ from the set there), scores every model on that same set, and writes
 runs/bench/web_world_model.{md,json,png}.
 F1 is over the New / Deleted / Updated items pooled, as RLVR-World; seen and held-out tasks are reported apart.
