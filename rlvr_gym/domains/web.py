@@ -197,14 +197,15 @@ def web_reward(
             f"{len(tree_before)}, {len(tree_after)}, {len(reward)}, {len(done)}: pass one of each per completion"
         )
     rows = []
+    gold_diffs: dict[tuple[str, str], Diff] = {}  # a GRPO group scores many completions of one transition
     for completion, before, after, gold_reward, gold_done in zip(completions, tree_before, tree_after, reward, done):
         target, error = parse_target(completion)
         if error is not None:
             rows.append({"score": 0.0, "error": error})
             continue
-        precision, recall, f1 = _precision_recall_f1(
-            expand_diff(before, target), expand_diff(before, make_diff(before, after))
-        )
+        if (before, after) not in gold_diffs:
+            gold_diffs[before, after] = expand_diff(before, make_diff(before, after))
+        precision, recall, f1 = _precision_recall_f1(expand_diff(before, target), gold_diffs[before, after])
         reward_ok = float(abs(target["reward"] - float(gold_reward)) <= REWARD_TOLERANCE)
         done_ok = float(target["done"] == bool(gold_done))
         rows.append({
