@@ -84,3 +84,22 @@ def test_prompt_column_reaches_the_reward_as_prompts_like_trl():
 def test_a_reward_that_breaks_the_contract_raises(returned, message):
     with pytest.raises(TypeError, match=message):
         score_completions(lambda **_: returned, ["a", "b"], [[1], [2]], {})
+
+
+def test_logprobs_score_completions_at_the_sampling_temperature():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlvr_gym.train.batch import pack_batch, token_logprobs
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    batch = pack_batch([[1, 2, 3], [4, 5]], [[6, 7], [8, 9]], pad_token_id=0)
+    with torch.no_grad():
+        plain, _ = token_logprobs(model, batch)
+        cooled, _ = token_logprobs(model, batch, temperature=0.5)
+        logits = model(input_ids=torch.tensor([[1, 2, 3, 6, 7]])).logits[0, 2:4]
+    expected = torch.log_softmax(logits / 0.5, -1).gather(-1, torch.tensor([[6], [7]])).squeeze(-1)
+    torch.testing.assert_close(cooled[0], expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(plain[0], cooled[0])

@@ -42,8 +42,10 @@ def pack_batch(
     }
 
 
-def token_logprobs(model: torch.nn.Module, batch: dict, with_entropy: bool = False):
-    """Log-probabilities (rows, width) of the completion tokens, and optionally the model's entropy there."""
+def token_logprobs(model: torch.nn.Module, batch: dict, with_entropy: bool = False, temperature: float = 1.0):
+    """Log-probabilities (rows, width) of the completion tokens, and optionally the model's entropy there.
+
+    `temperature` divides the logits, so that GRPO scores its rollouts under the policy that sampled them."""
     width = batch["completion_ids"].shape[1]
     logits = model(
         input_ids=batch["input_ids"],
@@ -51,6 +53,8 @@ def token_logprobs(model: torch.nn.Module, batch: dict, with_entropy: bool = Fal
         position_ids=batch["position_ids"],
         logits_to_keep=width + 1,
     ).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     logp_all = torch.log_softmax(logits, -1)
     logp = logp_all.gather(-1, batch["completion_ids"][..., None]).squeeze(-1)
     entropy = None
