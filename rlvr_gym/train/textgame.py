@@ -320,11 +320,12 @@ class TextGameRLVRConfig:
     """Continue from the newest checkpoint in run_dir."""
     grpo: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
-            steps=200, lr=1e-5, prompts_per_step=8, group_size=8, max_new_tokens=256, beta=1e-3, micro_batch=16,
-            save_every=20, eval_every=50,
+            steps=200, lr=1e-5, prompts_per_step=8, group_size=8, max_new_tokens=256, temperature=0.7, beta=1e-3,
+            micro_batch=16, save_every=20, eval_every=50,
         )
     )
-    """The trainer's settings (its run_dir, model and resume are set from the fields above)."""
+    """The trainer's settings (its run_dir, model and resume are set from the fields above). Rollouts at 0.7: at 1.0
+    10-15% of the small model's samples did not parse, and RLVR gained less (textgame-rlvr card)."""
 
 
 def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
