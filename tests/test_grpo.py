@@ -3,6 +3,8 @@ import math
 import pytest
 import torch
 
+from rlvr_gym.models.lm import LlamaSize, build_llama
+from rlvr_gym.train.batch import pack_batch, token_logprobs
 from rlvr_gym.train.grpo import aggregate, group_advantages, k3_kl, policy_loss_terms, score_completions
 
 
@@ -87,14 +89,8 @@ def test_a_reward_that_breaks_the_contract_raises(returned, message):
 
 
 def test_logprobs_score_completions_at_the_sampling_temperature():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from rlvr_gym.train.batch import pack_batch, token_logprobs
-
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
+    model = build_llama(32, LlamaSize(hidden_size=16, layers=1, heads=2, intermediate_size=32, max_positions=16)).eval()
     batch = pack_batch([[1, 2, 3], [4, 5]], [[6, 7], [8, 9]], pad_token_id=0)
     with torch.no_grad():
         plain, _ = token_logprobs(model, batch)
