@@ -44,8 +44,8 @@ class GRPOConfig(R.RunConfig):
     max_new_tokens: int = 64
     """Completion length limit."""
     temperature: float = 1.0
-    """Sampling temperature for rollouts; the loss scores them at the same temperature. A small model's long
-    completions garble at 1.0 (web: 60% of 600-token diffs failed to parse, 15% at 0.7)."""
+    """Sampling temperature for rollouts; the loss scores them at the same temperature (the text and web commands
+    default to 0.7, and say why)."""
     top_k: int = 0
     """Top-k filter for rollouts (0: off)."""
     top_p: float = 1.0
