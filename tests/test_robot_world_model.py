@@ -13,8 +13,8 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, mle_examples, run_rt1_mle, run_rt1_rlvr,
-    train_frame_tokenizer,
+    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, mle_examples, reconstruction_loss, run_rt1_mle, run_rt1_rlvr,
+    salient_pixels, train_frame_tokenizer,
 )
 from rlvr_gym.train.run import read_log
 from rlvr_gym.train.sft import SFTConfig
@@ -100,6 +100,31 @@ def tiny_world(tmp_path_factory):
                                      out=str(root / "mle"), size=LlamaSize(32, 1, 2, 64, 1024),
                                      sft=SFTConfig(steps=3, batch_size=4, micro_batch=4, save_every=3)))
     return root, world
+
+
+def test_salient_weight_counts_the_coloured_objects_more_than_the_grey_scene():
+    target = torch.full((1, 3, 8, 8), 0.8)
+    target[0, :, 2, 3] = torch.tensor([0.92, 0.1, 0.1])  # one red pixel on a grey table
+    assert salient_pixels(target).sum() == 1 and salient_pixels(target)[0, 0, 2, 3] == 1
+    miss_object, miss_table = target.clone(), target.clone()
+    miss_object[0, :, 2, 3] = 0.8  # the object smeared into the table
+    miss_table[0, :, 5, 5] = torch.tensor([0.92, 0.1, 0.1])  # a table pixel off by as much
+    assert reconstruction_loss(miss_object, target) == pytest.approx(reconstruction_loss(miss_table, target).item())
+    assert reconstruction_loss(miss_object, target, 10) > 5 * reconstruction_loss(miss_table, target, 10)
+
+
+def test_decoder_only_fine_tune_keeps_the_codes(tiny_world):
+    root, _ = tiny_world
+    with pytest.raises(ValueError, match="--model"):
+        train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "bad"), data=str(root / "train"), train_encoder=False))
+    tuned = train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "tok_dec"), data=str(root / "train"),
+                                                  model=str(root / "tok" / "final"), train_encoder=False,
+                                                  salient_weight=10, steps=2, batch_size=8))
+    before, after = FrameTokenizer.from_pretrained(root / "tok" / "final"), FrameTokenizer.from_pretrained(tuned)
+    frames = torch.as_tensor(load_episodes(root / "heldout")[0].frames)
+    assert torch.equal(before.encode(frames), after.encode(frames)), "a world model trained on the codes stays valid"
+    changed = [n for n, p in after.named_parameters() if not torch.equal(p, before.state_dict()[n])]
+    assert changed and not any(n.startswith("encoder.") for n in changed)
 
 
 def test_pipeline_trains_a_world_model_that_predicts_parseable_frames(tiny_world):

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,12 @@ class TokenizerConfig(RUN.RunConfig):
     """Conv widths of the three stride-2 stages (64x64 -> 8x8 tokens)."""
     eval_frames: int = 512
     """Held-out frames scored at each evaluation."""
+    salient_weight: float = 0.0
+    """Extra loss weight on pixels of saturated colour in the target frame (the objects, the drawer front, the target
+    disc). The objects cover ~0.6% of a frame, so plain L1 + MSE lets the decoder smear them where the gripper is."""
+    train_encoder: bool = True
+    """False fine-tunes the decoder only (start from a trained tokenizer with --model): the codes stay the same, so a
+    world model trained on them keeps working with the new decoder."""
 
 
 def frame_pairs(episodes: list[Episode]) -> tuple[np.ndarray, np.ndarray]:
@@ -79,8 +86,33 @@ def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, context_idx: np
     }
 
 
+def salient_pixels(images: torch.Tensor, threshold: float = 0.35) -> torch.Tensor:
+    """(N, 3, H, W) floats in [0, 1] -> (N, 1, H, W) 1.0 where the colour is saturated (max - min channel > threshold).
+    The table, floor, cabinet, arm and fingers are greys; the objects, drawer front and target disc are not."""
+    return ((images.amax(1, keepdim=True) - images.amin(1, keepdim=True)) > threshold).float()
+
+
+def reconstruction_loss(recon: torch.Tensor, target: torch.Tensor, salient_weight: float = 0.0) -> torch.Tensor:
+    """L1 + MSE per pixel, averaged with weight 1 + salient_weight on saturated pixels of the target."""
+    error = ((recon - target).abs() + (recon - target) ** 2).mean(1, keepdim=True)
+    if salient_weight <= 0:
+        return error.mean()
+    weight = 1 + salient_weight * salient_pixels(target)
+    return (weight * error).sum() / weight.sum()
+
+
+def load_tokenizer_for_training(path: str | os.PathLike, train_encoder: bool) -> tuple[FrameTokenizer, None]:
+    model = load_frame_tokenizer(path).train()
+    if not train_encoder:  # before DDP wraps the model, which only tracks parameters that require gradients
+        model.encoder.requires_grad_(False)
+    return model, None
+
+
 def train_frame_tokenizer(config: TokenizerConfig) -> Path:
-    """Train a frame tokenizer from scratch (or resume) on (frame, episode's first frame) pairs; L1 + MSE loss."""
+    """Train a frame tokenizer from scratch (or resume) on (frame, episode's first frame) pairs; L1 + MSE loss,
+    optionally weighted towards saturated pixels; with train_encoder=False only the decoder learns."""
+    if not config.train_encoder and not config.model:
+        raise ValueError("--no-train-encoder fine-tunes a trained tokenizer's decoder: pass it with --model")
     frames, context_idx = frame_pairs(load_episodes(config.data))
     held = frame_pairs(load_episodes(config.heldout)) if config.heldout else None
     d = RUN.setup_processes(config.threads)
@@ -91,7 +123,7 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
             FrameTokenizer(FrameTokenizerConfig(channels=config.channels)).save_pretrained(init)
         RUN.barrier(d)
         config = TokenizerConfig(**{**vars(config), "model": str(init)})
-    run = RUN.Run(config, "tokenizer", load=lambda path: (load_frame_tokenizer(path).train(), None))
+    run = RUN.Run(config, "tokenizer", load=lambda path: load_tokenizer_for_training(path, config.train_encoder))
     model = run.model
 
     def evaluate() -> dict[str, float]:
@@ -104,7 +136,7 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
         context = FrameTokenizer.to_float(torch.as_tensor(frames[context_idx[idx]])).to(d.device)
         model.train()
         recon, _ = run.ddp_model(target, context)
-        loss = (recon - target).abs().mean() + ((recon - target) ** 2).mean()
+        loss = reconstruction_loss(recon, target, config.salient_weight)
         loss.backward()
         grad_norm = run.optimizer_step()
         metrics = {"train/loss": loss.item(), "train/grad_norm": grad_norm,
@@ -163,15 +195,16 @@ class RT1MLEConfig:
     size: LlamaSize = field(default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=4, intermediate_size=512, max_positions=1024))
     """Transformer shape (trained from scratch)."""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=3000, lr=1e-3, batch_size=16, micro_batch=16, save_every=200, warmup_steps=100))
-    """Trainer settings (run_dir and model are set from `out`)."""
+    """Trainer settings (run_dir is set from `out`). --sft.model DIR starts from a trained transformer (e.g. a world
+    model's lm/ when its tokenizer was retrained) instead of one built from `size`."""
 
 
 def run_rt1_mle(config: RT1MLEConfig) -> Path:
     d = RUN.setup_processes(config.sft.threads)
     out = Path(config.out)
     frame_tokenizer = load_frame_tokenizer(config.tokenizer)
-    init = out / "init"
-    if d.is_main and not (init / "config.json").is_file():
+    init = Path(config.sft.model) if config.sft.model else out / "init"
+    if d.is_main and not config.sft.model and not (init / "config.json").is_file():
         torch.manual_seed(config.sft.seed)
         build_llama(R.VOCAB_SIZE, config.size).save_pretrained(init)
     RUN.barrier(d)
