@@ -115,7 +115,8 @@ def markdown(report: dict) -> str:
     first = next(iter(lines.values()))
     single = [{"model": "copy last frame", "psnr": first["copy_last_frame_psnr"], "changed_mse": first["copy_last_frame_changed_mse"],
                "object_error_px": first["copy_last_frame_object_error_px"]},
-              {"model": "tokenizer ceiling", "psnr": first["tokenizer_ceiling_psnr"]},
+              {"model": "tokenizer ceiling", "psnr": first["tokenizer_ceiling_psnr"],
+               "changed_mse": first.get("tokenizer_ceiling_changed_mse"), "object_error_px": first.get("tokenizer_ceiling_object_error_px")},
               {"model": "real frames", "repetition_rate": first["real_repetition_rate"]}]
     single += [{"model": name, "psnr": l["psnr"], "ssim": l["ssim"], "lpips": l["lpips"], "mse": l["mse"],
                 "changed_mse": l["single_changed_mse"], "object_error_px": l["single_object_error_px"],

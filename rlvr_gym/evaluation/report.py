@@ -39,7 +39,7 @@ def plot_curves(runs: dict[str, str | os.PathLike], keys: Sequence[str], out_png
 def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None, digits: int = 3) -> str:
     columns = list(columns or dict.fromkeys(k for row in rows for k in row))
     def cell(v):
-        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+        return f"{v:.{digits}f}" if isinstance(v, float) else "" if v is None else str(v)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)

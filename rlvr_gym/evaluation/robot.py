@@ -182,7 +182,7 @@ def summary_line(result: dict) -> dict:
     line["real_repetition_rate"] = result["single"]["real_repetition_rate"]
     line.update({f"single_{k}": single[k] for k in ("changed_mse", "object_error_px")})
     line.update({f"copy_last_frame_{k}": result["single"]["copy_last_frame"][k] for k in ("psnr", "changed_mse", "object_error_px")})
-    line["tokenizer_ceiling_psnr"] = result["single"]["tokenizer_ceiling"]["psnr"]
+    line.update({f"tokenizer_ceiling_{k}": result["single"]["tokenizer_ceiling"][k] for k in ("psnr", "changed_mse", "object_error_px")})
     if "multi" in result:
         line.update({f"multi_{k}": v for k, v in result["multi"]["model"].items()})
         last = result["multi"]["per_step"][-1]
