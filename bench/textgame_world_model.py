@@ -30,7 +30,7 @@ from rlvr_gym.evaluation.textgame import TextGameEvalConfig, run_textgame_eval
 from rlvr_gym.models.lm import resolve_checkpoint
 
 OUT = Path("runs/bench")
-COLUMNS = ("accuracy", "accuracy_changed", "accuracy_unchanged", "parse_failure_rate", "n")
+COLUMNS = ("accuracy", "accuracy_changed", "accuracy_unchanged", "parse_failure_rate", "win_recall", "win_precision", "n")
 
 
 def datasets(textworld: str) -> dict[str, str]:
@@ -85,19 +85,19 @@ def main() -> None:
         rows = results.setdefault(data_name, {})
         for name, checkpoint in models.items():
             line = evaluate(checkpoint, data, args.limit, threads=args.threads)
-            rows.setdefault("no change", {k: line[f"no_change_{k}"] for k in COLUMNS[:3]} | {"parse_failure_rate": 0.0, "n": line["n"]})
+            rows.setdefault("no change", {k: line[f"no_change_{k}"] for k in COLUMNS[:3]} | {"parse_failure_rate": 0.0, "win_recall": 0.0, "n": line["n"]})
             rows[name] = line
-            print(data_name, name, json.dumps({k: line[k] for k in COLUMNS}), flush=True)
+            print(data_name, name, json.dumps({k: line.get(k) for k in COLUMNS}), flush=True)
         for n in [1, *args.best_of]:  # 1: greedy on the same subset, the curve's first point
             line = evaluate(models[sft_name], data, args.best_of_limit, best_of=n, threads=args.threads)
             rows[f"{sft_name} best-of-{n} ({line['n']} transitions)"] = line
-            print(data_name, f"best-of-{n}", json.dumps({k: line[k] for k in COLUMNS}), flush=True)
+            print(data_name, f"best-of-{n}", json.dumps({k: line.get(k) for k in COLUMNS}), flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "textgame_world_model.json").write_text(json.dumps({"models": models, "results": results}, indent=2))
     lines = ["# Text-game world models", "", f"Models: {models}. Best-of-N: N samples at temperature 1, the best by "
              "the task reward against gold (an oracle choice).", ""]
     for data_name, rows in results.items():
-        table = [{"model": name, **{k: row[k] for k in COLUMNS}} for name, row in rows.items()]
+        table = [{"model": name, **{k: row.get(k) for k in COLUMNS}} for name, row in rows.items()]
         lines += [f"## {data_name}", "", markdown_table(table, ["model", *COLUMNS]), ""]
     (OUT / "textgame_world_model.md").write_text("\n".join(lines))
     plot(results, sft_name, args.best_of)

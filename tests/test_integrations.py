@@ -82,7 +82,7 @@ def test_verl_compute_score_on_exported_parquet_equals_domain_reward(tmp_path, m
     domain_fn = textgame.binary_reward if metric == "binary" else textgame.task_reward
     for i, (row, t) in enumerate(zip(rows, transitions)):
         assert row["data_source"] == "rlvr_gym/textgame"
-        assert row["prompt"] == [{"role": "user", "content": textgame.format_prompt(t.current, t.action)}]
+        assert row["prompt"] == [{"role": "user", "content": textgame.format_prompt(t.current, t.action, t.task)}]
         assert row["reward_model"]["style"] == "rule"
         assert row["extra_info"] == {"split": "train", "index": i}
         results = [
@@ -124,7 +124,7 @@ def test_trl_export_round_trip(tmp_path):
                                balance=False, limit=4))  # fmt: skip
     dataset = load_from_disk(str(path))
     assert dataset.column_names == ["prompt", "current", "next"]
-    assert dataset["prompt"] == [textgame.format_prompt(t.current, t.action) for t in transitions[:4]]
+    assert dataset["prompt"] == [textgame.format_prompt(t.current, t.action, t.task) for t in transitions[:4]]
     gold = [target_text(t) for t in transitions[:4]]
     columns = {k: dataset[k] for k in ("current", "next")}
     assert trl_rewards.textgame_binary_reward(prompts=dataset["prompt"], completions=gold, **columns) == [1.0] * 4
@@ -137,7 +137,7 @@ def test_export_balances_like_the_trainer(tmp_path):
 
     path = export(ExportConfig(format="trl", out=str(tmp_path / "trl"), data=str(FIXTURE), reward="task"))
     expected = load_training_transitions(str(FIXTURE), "", DEFAULT_BALANCE["task"], 0)
-    assert load_from_disk(str(path))["prompt"] == [textgame.format_prompt(t.current, t.action) for t in expected]
+    assert load_from_disk(str(path))["prompt"] == [textgame.format_prompt(t.current, t.action, t.task) for t in expected]
 
 
 def tiny_grpo_args(tmp_path: Path, lr: float, completion_tokens: int):
@@ -334,7 +334,9 @@ def test_verl_compute_score_on_exported_rt1_rows_equals_the_trl_reward(rt1_data)
     dataset = load_from_disk(str(trl_dir)).select(range(len(rows)))
     columns = {k: [v for v in dataset[k] for _ in range(3)] for k in ("checkpoint", "context_frame", "next_frame")}
     expected = trl_rewards.rt1_frame_reward(completions=completions, **columns)
-    assert [r["score"] for r in results] == pytest.approx(expected, abs=1e-6)
+    # verl scores one completion at a time, TRL a batch: convolutions batched differently can round a decoded pixel
+    # the other way, which moves LPIPS by ~1e-5
+    assert [r["score"] for r in results] == pytest.approx(expected, abs=1e-4)
     assert [r["parsed"] for r in results] == [1.0, 1.0, 0.0] * len(rows)
     assert len({tuple(sorted(r)) for r in results}) == 1 and set(results[0]) == {"score", "parsed", "l1", "lpips"}
     assert all(r["l1"] > 0 and r["lpips"] >= 0 and r["score"] == pytest.approx(-(r["l1"] + r["lpips"]))

@@ -158,10 +158,10 @@ def test_is_changed_treats_lists_and_tuples_alike():
 
 
 def test_prompt_is_compact_json_with_uuid_contents():
-    prompt = tg.format_prompt(CURRENT, "turn on kettle (ID: 2)")
+    prompt = tg.format_prompt(CURRENT, "turn on kettle (ID: 2)", "Your task is to boil water.")
     assert prompt.endswith("\n") and "\n" not in prompt[:-1] and " (ID: " not in prompt.split('"a":')[0]
     wire = json.loads(prompt)
-    assert wire["a"] == "turn on kettle (ID: 2)"
+    assert wire["a"] == "turn on kettle (ID: 2)" and wire["q"] == "Your task is to boil water."
     assert wire["s"] == {"s": 0, "g": False, "w": False}
     assert wire["o"][0] == {"u": 1, "n": "room", "t": "World", "p": {"isContainer": True}, "c": [0, 2]}
     assert wire["o"][1] == {"u": 0, "n": "agent", "t": "Agent", "p": {"isContainer": True}}  # empty c left out
@@ -169,7 +169,7 @@ def test_prompt_is_compact_json_with_uuid_contents():
 
 def test_prompt_keeps_names_without_id_suffix_verbatim():
     state = _state([_obj("water", 7, "Water", {}), _obj("cup (ID: 3)", 8, "Cup", {}, ["water", "ghost"])])
-    wire = json.loads(tg.format_prompt(state, "look"))
+    wire = json.loads(tg.format_prompt(state, "look", ""))
     assert wire["o"] == [{"u": 7, "N": "water", "t": "Water"}, {"u": 8, "N": "cup (ID: 3)", "t": "Cup", "c": [7, "ghost"]}]
 
 
@@ -426,14 +426,29 @@ def test_accuracy_table_on_fixture():
         "accuracy_changed": 2 / 4,
         "accuracy_unchanged": 1.0,
         "parse_failure_rate": 1 / 5,
+        "win_recall": 1.0,  # the fixture's last transition wins, and its gold diff is among the predictions
+        "win_precision": 1.0,
         "n": 5,
         "n_changed": 4,
+        "n_wins": 1,
     }
     baseline = tg.accuracy_table(tg.no_change_predictions(transitions), transitions)
     assert baseline["accuracy"] == 1 / 5 and baseline["accuracy_changed"] == 0.0
+    assert baseline["win_recall"] == 0.0 and math.isnan(baseline["win_precision"])
     assert math.isnan(tg.accuracy_table(["{}"], transitions[:1])["accuracy_changed"])
     with pytest.raises(ValueError, match="one prediction per transition"):
         tg.accuracy_table(preds[:2], transitions)
+
+
+def test_accuracy_table_scores_predicted_wins():
+    won = {**HEATED, "score": 1, "gameWon": True, "gameOver": True}
+    transitions = [Transition("t", 0, "", CURRENT, "a", won), Transition("t", 1, "", CURRENT, "a", won),
+                   Transition("t", 2, "", CURRENT, "a", HEATED)]
+    win = tg.format_target(tg.make_diff(CURRENT, won))
+    table = tg.accuracy_table([win, tg.format_target(tg.make_diff(CURRENT, HEATED)), win], transitions)
+    assert table["n_wins"] == 2 and table["win_recall"] == 1 / 2, "the second win was predicted as a plain step"
+    assert table["win_precision"] == 1 / 2, "the third transition does not win but was predicted to"
+    assert tg.accuracy_table(["not json"], transitions[:1])["win_recall"] == 0.0
 
 
 def _kettle_transitions(n_changed, n_unchanged):
@@ -487,7 +502,7 @@ def test_real_valid_gold_targets_round_trip(valid):
 
 @needs_shared
 def test_real_valid_prompts_are_short(valid):
-    lengths = sorted(len(tg.format_prompt(t.current, t.action)) for t in valid)
+    lengths = sorted(len(tg.format_prompt(t.current, t.action, t.task)) for t in valid)
     assert lengths[len(lengths) // 2] < 1700 and lengths[-1] < 3500
 
 

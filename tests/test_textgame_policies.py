@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,12 @@ def winning_checkpoint(tmp_path_factory, game_dir) -> Path:
     start state it predicts the win whatever the policy does."""
     size = {k: v for k, v in ONE_STEP_GAME.items() if k != "seed"}
     directory = tmp_path_factory.mktemp("winning")
-    write_start_states(directory, [ONE_STEP_GAME["seed"]], **size, game_dir=game_dir)
+    start_file = write_start_states(directory, [ONE_STEP_GAME["seed"]], **size, game_dir=game_dir)
     t = next(play_episode(make_game(ONE_STEP_GAME["seed"], game_dir, **size), walkthrough, 0, 1))
     assert t.won
     target = format_target(make_diff(t.state, t.next_state))
-    prompts = [format_prompt(t.state, c) for c in candidate_commands(t.state)]
+    objective = json.loads(start_file.read_text())["start_states"][0]["objective"]
+    prompts = [format_prompt(t.state, c, objective) for c in candidate_commands(t.state)]
     tokenizer = train_tokenizer(prompts + [target], 1024)
     torch.manual_seed(0)
     model = build_llama(len(tokenizer), LlamaSize(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_positions=1024), tokenizer)

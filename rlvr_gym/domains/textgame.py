@@ -4,8 +4,9 @@ State (the benchmark's field names):
     {"objects": [{"name", "uuid", "type", "properties", "contains"}, ...], "score", "gameOver", "gameWon"}
 `properties` is a game-specific dict; `contains` lists the names of directly contained objects, in no meaningful order.
 
-Prompt: one line of compact JSON, `{"o": [objects], "s": {"s": score, "g": gameOver, "w": gameWon}, "a": action}`,
-then a newline. An object is `{"u": uuid, "n": name, "t": type, "p": properties, "c": [uuids]}`, where:
+Prompt: one line of compact JSON, `{"q": task, "o": [objects], "s": {"s": score, "g": gameOver, "w": gameWon},
+"a": action}`, then a newline. The task (`taskDesc`, a TextWorld game's objective) is there because it decides which
+action wins. An object is `{"u": uuid, "n": name, "t": type, "p": properties, "c": [uuids]}`, where:
 - `n` drops the name's ` (ID: <uuid>)` suffix, which repeats the uuid; a name without that suffix goes under `N` verbatim;
 - `c` lists contained objects by uuid (a name matching no object stays a string), so a renamed object
   (water -> ice) keeps its place in its container;
@@ -110,9 +111,13 @@ def is_changed(current: State, next: State) -> bool:
     )
 
 
-def format_prompt(state: State, action: str) -> str:
-    """The model's input: objects, score and action as one line of compact JSON, ending in a newline."""
+def format_prompt(state: State, action: str, task: str) -> str:
+    """The model's input: the game's task, objects, score and action as one line of compact JSON, ending in a newline.
+
+    The task decides which action wins: a TextWorld game's quest differs per game, and models given the state and the
+    action alone never predicted a win in held-out games."""
     prompt = {
+        "q": task,
         "o": [_wire_object(o) for o in _by_uuid_contents(state)],
         "s": {_SCORE_KEYS[f]: state[f] for f in SCORE_FIELDS},
         "a": action,
@@ -207,25 +212,41 @@ def task_reward(completions: list[str], current: list[State], next: list[State],
 
 
 def accuracy_table(preds: Sequence[str], transitions: Sequence[Transition]) -> dict[str, float]:
-    """Exact-match accuracy of predicted targets, overall and on changed / unchanged transitions (NaN if none)."""
+    """Exact-match accuracy of predicted targets, overall and on changed / unchanged transitions, and how well wins
+    are predicted (a simulator that never predicts the winning step cannot tell good policies from bad): win_recall
+    over the transitions that win, win_precision over those predicted to win (NaN where there are none)."""
     if len(preds) != len(transitions) or not transitions:
         raise ValueError(f"need one prediction per transition and at least one: got {len(preds)} and {len(transitions)}")
     correct = {True: [], False: []}
     failures = 0
+    predicted_win_when_won, won_when_predicted = [], []
     for text, t in zip(preds, transitions):
         diff, error = parse_diff(text, t.current)
         failures += error is not None
-        ok = error is None and states_match(rebuild(t.current, diff), t.next)
-        correct[is_changed(t.current, t.next)].append(ok)
+        predicted = rebuild(t.current, diff) if error is None else None
+        correct[is_changed(t.current, t.next)].append(predicted is not None and states_match(predicted, t.next))
+        wins = _wins(t.current, t.next)
+        predicts_win = predicted is not None and _wins(t.current, predicted)
+        if wins:
+            predicted_win_when_won.append(predicts_win)
+        if predicts_win:
+            won_when_predicted.append(wins)
     n = len(transitions)
     return {
         "accuracy": (sum(correct[True]) + sum(correct[False])) / n,
         "accuracy_changed": _mean(correct[True]),
         "accuracy_unchanged": _mean(correct[False]),
         "parse_failure_rate": failures / n,
+        "win_recall": _mean(predicted_win_when_won),
+        "win_precision": _mean(won_when_predicted),
         "n": n,
         "n_changed": len(correct[True]),
+        "n_wins": len(predicted_win_when_won),
     }
+
+
+def _wins(current: State, next: State) -> bool:
+    return bool(next["gameWon"]) and not current["gameWon"]
 
 
 def no_change_predictions(transitions: Sequence[Transition]) -> list[str]:

@@ -47,8 +47,8 @@ def checked_tokenizer(tokenizer: PreTrainedTokenizerBase | None, path: str | os.
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, transitions: Sequence[Transition]) -> list[list[int]]:
-    """Token ids of each transition's prompt (current state + action), after the bos token when there is one."""
-    texts = [format_prompt(t.current, t.action) for t in transitions]
+    """Token ids of each transition's prompt (task, current state, action), after the bos token when there is one."""
+    texts = [format_prompt(t.current, t.action, t.task) for t in transitions]
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     return [bos + ids for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 

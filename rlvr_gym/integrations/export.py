@@ -98,7 +98,7 @@ def textgame_rows(config: ExportConfig) -> list[dict]:
     ratio = DEFAULT_BALANCE[config.reward] if config.balance else None
     transitions = load_training_transitions(config.data or default_train_data(), "", ratio, config.seed)
     return [
-        {"prompt": textgame.format_prompt(t.current, t.action), "current": json.dumps(t.current), "next": json.dumps(t.next)}
+        {"prompt": textgame.format_prompt(t.current, t.action, t.task), "current": json.dumps(t.current), "next": json.dumps(t.next)}
         for t in transitions
     ]
 

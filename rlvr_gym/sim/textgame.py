@@ -387,7 +387,7 @@ class TextGameSimulator:
         and sets the rollout's `error`.
         """
         bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
-        texts = [format_prompt(r.state, c) for r, c in zip(rollouts, commands)]
+        texts = [format_prompt(r.state, c, r.start.objective) for r, c in zip(rollouts, commands)]
         prompts = [bos + ids for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         fits = [len(p) + self.max_new_tokens <= self.context for p in prompts]
         outputs = iter(sample_texts(self.model, self.tokenizer, [p for p, ok in zip(prompts, fits) if ok],

@@ -2,7 +2,7 @@
 Face causal LM), then RLVR with the domain's verifiable rewards through the one GRPO trainer; and a collector that
 writes real TextWorld transitions in the ByteSized32 format, so that one model trains on both sources.
 
-An example is one transition: prompt = `format_prompt(current state, action)` after the bos token, target =
+An example is one transition: prompt = `format_prompt(current state, action, task)` after the bos token, target =
 `format_target(make_diff(current, next))` and the eos token. Prompts and targets are never truncated (a cut JSON
 state or diff teaches nothing true): examples longer than `max_prompt_tokens` / `max_target_tokens` are dropped,
 and the token-length distribution and the number dropped go to the log and to RUN_DIR/data_stats.json.
@@ -85,7 +85,7 @@ def target_text(t: Transition) -> str:
 
 def transition_texts(transitions: Sequence[Transition]) -> Iterable[str]:
     for t in transitions:
-        yield format_prompt(t.current, t.action)
+        yield format_prompt(t.current, t.action, t.task)
         yield target_text(t)
 
 
