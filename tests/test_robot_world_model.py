@@ -127,6 +127,17 @@ def test_decoder_only_fine_tune_keeps_the_codes(tiny_world):
     assert changed and not any(n.startswith("encoder.") for n in changed)
 
 
+def test_mle_continues_from_a_trained_transformer(tiny_world):
+    root, world_dir = tiny_world
+    start = RobotWorldModel.load(world_dir).lm
+    world = run_rt1_mle(RT1MLEConfig(data=str(root / "train"), tokenizer=str(root / "tok" / "final"), out=str(root / "mle2"),
+                                     sft=SFTConfig(steps=1, batch_size=4, micro_batch=4, lr=1e-9, warmup_steps=1,
+                                                   model=str(world_dir / "lm"))))
+    assert not (root / "mle2" / "init").exists(), "nothing is built from scratch"
+    lm = RobotWorldModel.load(world).lm
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(start.parameters(), lm.parameters()))
+
+
 def test_pipeline_trains_a_world_model_that_predicts_parseable_frames(tiny_world):
     root, world_dir = tiny_world
     assert "eval/psnr" in read_log(root / "tok")[-1]
