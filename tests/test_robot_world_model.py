@@ -13,8 +13,8 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, mle_examples, reconstruction_loss, run_rt1_mle, run_rt1_rlvr,
-    salient_pixels, train_frame_tokenizer,
+    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, frame_pairs, mle_examples, reconstruction_loss, run_rt1_mle,
+    run_rt1_rlvr, salient_pixels, train_frame_tokenizer,
 )
 from rlvr_gym.train.run import read_log
 from rlvr_gym.train.sft import SFTConfig
@@ -125,6 +125,35 @@ def test_decoder_only_fine_tune_keeps_the_codes(tiny_world):
     assert torch.equal(before.encode(frames), after.encode(frames)), "a world model trained on the codes stays valid"
     changed = [n for n, p in after.named_parameters() if not torch.equal(p, before.state_dict()[n])]
     assert changed and not any(n.startswith("encoder.") for n in changed)
+
+
+def test_frame_pairs_skip_first_frames_and_point_at_the_chosen_context():
+    episodes = [type("E", (), {"frames": np.zeros((n, 64, 64, 3), np.uint8)})() for n in (3, 4)]
+    frames, targets, first = frame_pairs(episodes, "first")
+    assert len(frames) == 7 and targets.tolist() == [1, 2, 4, 5, 6] and first.tolist() == [0, 0, 3, 3, 3]
+    assert frame_pairs(episodes, "previous")[2].tolist() == [0, 1, 3, 4, 5]
+    with pytest.raises(ValueError, match="context_frame"):
+        frame_pairs(episodes, "last")
+    with pytest.raises(ValueError, match="context_frame"):
+        FrameTokenizerConfig(context_frame="last")
+
+
+def test_previous_frame_tokenizer_decodes_a_rollout_frame_by_frame(tiny_world):
+    root, world_dir = tiny_world
+    tuned = train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "tok_prev"), data=str(root / "train"),
+                                                  model=str(root / "tok" / "final"), train_encoder=False,
+                                                  context_frame="previous", context_dropout=0.1, steps=2, batch_size=8))
+    assert json.loads((tuned / "config.json").read_text())["context_frame"] == "previous"
+    world = RobotWorldModel.load(world_dir)
+    frames = load_episodes(root / "heldout")[0].frames
+    codes = world.encode(frames[1:4], frames[:1])[None]  # (1, 3, 64)
+    first = world.decode_rollout(codes, frames[:1], frames[:1])
+    assert first.shape == (1, 3, 64, 64, 3)
+    assert np.array_equal(first[0], world.decode(codes[0], frames[:1])), "first-frame context: one batched decode"
+    world.frame_tokenizer = FrameTokenizer.from_pretrained(tuned).eval()
+    chained = world.decode_rollout(codes, frames[:1], frames[:1])
+    assert np.array_equal(chained[0, 0], world.decode(codes[0, :1], frames[:1])[0])
+    assert np.array_equal(chained[0, 2], world.decode(codes[0, 2:], chained[0, 1:2])[0]), "each frame on the one decoded before"
 
 
 def test_mle_continues_from_a_trained_transformer(tiny_world):

@@ -128,14 +128,18 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
     prev = np.stack([data[i].episode.frames[t] for i, t in where])
     prev_codes = np.stack([data[i].codes[t] for i, t in where])
     next_codes = np.stack([data[i].codes[t + 1] for i, t in where])
-    contexts = np.stack([data[i].episode.frames[0] for i, _ in where])
-    pred = world.decode(codes[:, 0], contexts)
+    firsts = np.stack([data[i].episode.frames[0] for i, _ in where])
+
+    def decode_one(c: np.ndarray) -> np.ndarray:
+        return world.decode_rollout(c[:, None], prev, firsts)[:, 0]
+
+    pred = decode_one(codes[:, 0])
     result["single"] = {
         "model": {**frame_metrics(pred, target, prev), "repetition_rate": R.repetition_rate(codes[:, 0], prev_codes),
                   "false_repetition_rate": R.false_repetition_rate(codes[:, 0], prev_codes, next_codes, prev_codes), "n": len(idx)},
         "copy_last_frame": frame_metrics(prev, target, prev),
-        "copy_last_frame_tokenized": frame_metrics(world.decode(prev_codes, contexts), target, prev),
-        "tokenizer_ceiling": frame_metrics(world.decode(next_codes, contexts), target, prev),
+        "copy_last_frame_tokenized": frame_metrics(decode_one(prev_codes), target, prev),
+        "tokenizer_ceiling": frame_metrics(decode_one(next_codes), target, prev),
         "real_repetition_rate": R.repetition_rate(next_codes, prev_codes),
     }
 
@@ -143,15 +147,15 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
     if prompts:
         codes = choose(prompts, horizon, future) if choose else predict_in_batches(world, prompts, horizon, future, sampling)[0]
         per_step = []
+        start = np.stack([data[i].episode.frames[t] for i, t in where])
+        preds = world.decode_rollout(codes, start, np.stack([data[i].episode.frames[0] for i, _ in where]))
         for j in range(horizon):
             target = np.stack([data[i].episode.frames[t + 1 + j] for i, t in where])
             prev = np.stack([data[i].episode.frames[t + j] for i, t in where])
-            start = np.stack([data[i].episode.frames[t] for i, t in where])
-            contexts = np.stack([data[i].episode.frames[0] for i, _ in where])
             previous_pred = np.stack([data[i].codes[t] for i, t in where]) if j == 0 else codes[:, j - 1]
             real_codes = np.stack([data[i].codes[t + 1 + j] for i, t in where])
             previous_real = np.stack([data[i].codes[t + j] for i, t in where])
-            pred = world.decode(codes[:, j], contexts)
+            pred = preds[:, j]
             per_step.append({
                 "step": j + 1,
                 **frame_metrics(pred, target, prev),
@@ -207,7 +211,7 @@ def rollout_gif(worlds: dict[str, RobotWorldModel], episode, steps: int, path: P
             c, p, _ = world.predict([prompt], k=1)
             codes.append(c[0, 0])
             flags.append(bool(p[0, 0] > 0.5))
-            frames.append(world.decode(c[:, 0], episode.frames[:1])[0])
+            frames.append(world.decode_rollout(c, frames[-1][None], episode.frames[:1])[0, 0])
         columns.append(np.stack(frames))
     images = [Image.fromarray(np.concatenate([col[t] for col in columns], 1)).resize((64 * len(columns) * 3, 192), Image.NEAREST)
               for t in range(steps + 1)]

@@ -129,9 +129,33 @@ class RobotWorldModel:
         return self.frame_tokenizer.encode(frames_t, context_t).numpy()
 
     def decode(self, codes: np.ndarray, context: np.ndarray) -> np.ndarray:
+        """Codes (N, 64) with context frames (N or 1, 64, 64, 3) -> uint8 frames (N, 64, 64, 3)."""
         codes_t = torch.as_tensor(np.asarray(codes, dtype=np.int64))
         context_t = torch.as_tensor(np.ascontiguousarray(context)).expand(len(codes_t), -1, -1, -1)
         return self.frame_tokenizer.decode(codes_t, context_t).numpy()
+
+    @property
+    def context_frame(self) -> str:
+        return self.frame_tokenizer.config.context_frame
+
+    def decode_rollout(self, codes: np.ndarray, start: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """Codes (N, k, 64) of k frames predicted from the real frames `start` (N, 64, 64, 3) -> frames (N, k, ...).
+
+        A tokenizer conditioned on the episode's `first` frame decodes them all against it; one conditioned on the
+        previous frame decodes them in order, each against the one decoded before (the first against `start`).
+        """
+        codes = np.asarray(codes)
+        if codes.ndim != 3:
+            raise ValueError(f"expected codes of shape (N, k, {R.FRAME_TOKENS}), got {codes.shape}")
+        n, k = codes.shape[:2]
+        if self.context_frame == "first":
+            context = np.repeat(np.asarray(first), k, 0) if len(first) == n else first
+            return self.decode(codes.reshape(n * k, -1), context).reshape(n, k, *start.shape[1:])
+        frames, context = [], start
+        for j in range(k):
+            context = self.decode(codes[:, j], context)
+            frames.append(context)
+        return np.stack(frames, 1)
 
     # ------------------------------------------------------------------------------------------ prompts
 

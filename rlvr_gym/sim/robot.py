@@ -125,8 +125,8 @@ class _Rollout:
     frame: np.ndarray
     threshold: float
     """Success probability above which a predicted frame counts as success (the checkpoint's, for this task)."""
-    context: np.ndarray
-    """The real first frame: the frame tokenizer's context when decoding every predicted frame."""
+    first_frame: np.ndarray
+    """The real first frame: the context of a frame tokenizer conditioned on it (else the last frame is)."""
     steps: int = 0
     success_prob: float = 0.0
     error: str | None = None
@@ -192,7 +192,8 @@ class _Simulator:
         for i, (rollout, error) in enumerate(zip(rollouts, errors)):
             if error is not None:  # the layout mask makes this unreachable for a sane model; repeat the last frame
                 codes[i] = rollout.codes[-1]
-        frames = self.world.decode(codes, np.stack([r.context for r in rollouts]))
+        starts, firsts = np.stack([r.frame for r in rollouts]), np.stack([r.first_frame for r in rollouts])
+        frames = self.world.decode_rollout(codes[:, None], starts, firsts)[:, 0]
         for rollout, code, prob, frame, error in zip(rollouts, codes, success, frames, errors):
             rollout.codes.append(code)
             rollout.flags.append(bool(prob > rollout.threshold))

@@ -56,26 +56,39 @@ class TokenizerConfig(RUN.RunConfig):
     salient_weight: float = 0.0
     """Extra loss weight on pixels of saturated colour in the target frame (the objects, the drawer front, the target
     disc). The objects cover ~0.6% of a frame, so plain L1 + MSE lets the decoder smear them where the gripper is."""
+    context_frame: str = ""
+    """The frame the decoder is conditioned on: "first" (the episode's first frame) or "previous" (the frame
+    before). Empty keeps the --model tokenizer's choice ("first" for a new one)."""
+    context_dropout: float = -1.0
+    """Fraction of training contexts blanked; negative keeps the --model tokenizer's (0.5 for a new one)."""
     train_encoder: bool = True
     """False fine-tunes the decoder only (start from a trained tokenizer with --model): the codes stay the same, so a
     world model trained on them keeps working with the new decoder."""
 
 
-def frame_pairs(episodes: list[Episode]) -> tuple[np.ndarray, np.ndarray]:
-    """All frames and, for each, the index of its context frame (its episode's first frame)."""
+def frame_pairs(episodes: list[Episode], context_frame: str = "first") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All frames, the indices of the frames to reconstruct (all but each episode's first: a world model is given
+    that one, never decodes it) and of each one's context frame: the episode's first frame, or the frame before."""
     frames = np.concatenate([e.frames for e in episodes])
-    starts = np.cumsum([0] + [len(e.frames) for e in episodes[:-1]])
-    context = np.concatenate([np.full(len(e.frames), s) for e, s in zip(episodes, starts)])
-    return frames, context
+    starts = np.cumsum([0] + [len(e.frames) for e in episodes[:-1]]).astype(int)
+    targets = np.concatenate([s + np.arange(1, len(e.frames)) for e, s in zip(episodes, starts)])
+    if context_frame == "first":
+        context = np.concatenate([np.full(len(e.frames) - 1, s) for e, s in zip(episodes, starts)])
+    elif context_frame == "previous":
+        context = targets - 1
+    else:
+        raise ValueError(f"context_frame must be 'first' or 'previous', got {context_frame!r}")
+    return frames, targets, context
 
 
-def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, context_idx: np.ndarray, n: int) -> dict[str, float]:
+def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, target_idx: np.ndarray, context_idx: np.ndarray,
+                      n: int) -> dict[str, float]:
     """Held-out reconstruction PSNR and object-position error (objects that moved since the context frame), with the
     same for simply showing the context frame, on n evenly spaced frames."""
     from rlvr_gym.evaluation.robot import object_position_error  # evaluation imports this module
 
-    idx = np.linspace(0, len(frames) - 1, min(n, len(frames))).astype(int)
-    target = torch.as_tensor(frames[idx])
+    idx = np.linspace(0, len(target_idx) - 1, min(n, len(target_idx))).astype(int)
+    target = torch.as_tensor(frames[target_idx[idx]])
     context = torch.as_tensor(frames[context_idx[idx]])
     recon = torch.cat([model.decode(model.encode(t, c), c) for t, c in zip(target.split(128), context.split(128))])
     return {
@@ -101,20 +114,22 @@ def reconstruction_loss(recon: torch.Tensor, target: torch.Tensor, salient_weigh
     return (weight * error).sum() / weight.sum()
 
 
-def load_tokenizer_for_training(path: str | os.PathLike, train_encoder: bool) -> tuple[FrameTokenizer, None]:
+def load_tokenizer_for_training(path: str | os.PathLike, config: TokenizerConfig) -> tuple[FrameTokenizer, None]:
     model = load_frame_tokenizer(path).train()
-    if not train_encoder:  # before DDP wraps the model, which only tracks parameters that require gradients
+    if config.context_frame:
+        model.config.context_frame = config.context_frame
+    if config.context_dropout >= 0:
+        model.config.context_dropout = config.context_dropout
+    if not config.train_encoder:  # before DDP wraps the model, which only tracks parameters that require gradients
         model.encoder.requires_grad_(False)
     return model, None
 
 
 def train_frame_tokenizer(config: TokenizerConfig) -> Path:
-    """Train a frame tokenizer from scratch (or resume) on (frame, episode's first frame) pairs; L1 + MSE loss,
+    """Train a frame tokenizer from scratch (or resume) on (frame, context frame) pairs; L1 + MSE loss,
     optionally weighted towards saturated pixels; with train_encoder=False only the decoder learns."""
     if not config.train_encoder and not config.model:
         raise ValueError("--no-train-encoder fine-tunes a trained tokenizer's decoder: pass it with --model")
-    frames, context_idx = frame_pairs(load_episodes(config.data))
-    held = frame_pairs(load_episodes(config.heldout)) if config.heldout else None
     d = RUN.setup_processes(config.threads)
     if not config.model:
         init = Path(config.run_dir) / "init"
@@ -123,16 +138,18 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
             FrameTokenizer(FrameTokenizerConfig(channels=config.channels)).save_pretrained(init)
         RUN.barrier(d)
         config = TokenizerConfig(**{**vars(config), "model": str(init)})
-    run = RUN.Run(config, "tokenizer", load=lambda path: load_tokenizer_for_training(path, config.train_encoder))
+    run = RUN.Run(config, "tokenizer", load=lambda path: load_tokenizer_for_training(path, config))
     model = run.model
+    frames, target_idx, context_idx = frame_pairs(load_episodes(config.data), model.config.context_frame)
+    held = frame_pairs(load_episodes(config.heldout), model.config.context_frame) if config.heldout else None
 
     def evaluate() -> dict[str, float]:
         return tokenizer_metrics(model, *held, config.eval_frames) if held is not None else {}
 
     while run.running():
         started = time.perf_counter()
-        idx = RUN.batch_indices(len(frames), config.batch_size, run.step, config.seed, d.rank, d.world_size)
-        target = FrameTokenizer.to_float(torch.as_tensor(frames[idx])).to(d.device)
+        idx = RUN.batch_indices(len(target_idx), config.batch_size, run.step, config.seed, d.rank, d.world_size)
+        target = FrameTokenizer.to_float(torch.as_tensor(frames[target_idx[idx]])).to(d.device)
         context = FrameTokenizer.to_float(torch.as_tensor(frames[context_idx[idx]])).to(d.device)
         model.train()
         recon, _ = run.ddp_model(target, context)
@@ -265,7 +282,7 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
 
     def reward(completion_ids, episode, t, **_) -> list[dict]:
         results: list[dict | None] = [None] * len(completion_ids)
-        codes, targets, contexts, rows = [], [], [], []
+        codes, targets, starts, firsts, rows = [], [], [], [], []
         for i, (ids, e, step) in enumerate(zip(completion_ids, episode, t)):
             frames, _, error = R.parse_rollout(ids, horizon)
             if error:
@@ -273,10 +290,12 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
                 continue
             codes.append(frames)
             targets.append(episodes[e].frames[step + 1 : step + 1 + horizon])
-            contexts.append(np.repeat(episodes[e].frames[:1], horizon, 0))
+            starts.append(episodes[e].frames[step])
+            firsts.append(episodes[e].frames[0])
             rows.append(i)
         if rows:
-            pred = world.decode(np.concatenate(codes), np.concatenate(contexts))
+            pred = world.decode_rollout(np.stack(codes), np.stack(starts), np.stack(firsts))
+            pred = pred.reshape(-1, *pred.shape[2:])
             target = np.concatenate(targets)
             l1, lpips = (x.numpy() for x in R.frame_reward_terms(pred, target))
             per_frame = -(l1 + lpips)
