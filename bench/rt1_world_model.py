@@ -114,22 +114,26 @@ def markdown(report: dict) -> str:
     lines = report["lines"]
     first = next(iter(lines.values()))
     single = [{"model": "copy last frame", "psnr": first["copy_last_frame_psnr"], "changed_mse": first["copy_last_frame_changed_mse"],
-               "object_error_px": first["copy_last_frame_object_error_px"]},
+               "object_error_px": first["copy_last_frame_object_error_px"],
+               "object_error_px_whole": first["copy_last_frame_object_error_px_whole"]},
               {"model": "tokenizer ceiling", "psnr": first["tokenizer_ceiling_psnr"],
-               "changed_mse": first.get("tokenizer_ceiling_changed_mse"), "object_error_px": first.get("tokenizer_ceiling_object_error_px")},
+               "changed_mse": first.get("tokenizer_ceiling_changed_mse"), "object_error_px": first.get("tokenizer_ceiling_object_error_px"),
+               "object_error_px_whole": first.get("tokenizer_ceiling_object_error_px_whole")},
               {"model": "real frames", "repetition_rate": first["real_repetition_rate"]}]
     single += [{"model": name, "psnr": l["psnr"], "ssim": l["ssim"], "lpips": l["lpips"], "mse": l["mse"],
                 "changed_mse": l["single_changed_mse"], "object_error_px": l["single_object_error_px"],
-                "repetition_rate": l["repetition_rate"], "false_repetition_rate": l["false_repetition_rate"]}
+                "object_error_px_whole": l["single_object_error_px_whole"], "repetition_rate": l["repetition_rate"], "false_repetition_rate": l["false_repetition_rate"]}
                for name, l in lines.items()]
     h = report["horizon"]
     multi = [{"model": "copy frame t", f"step {h} psnr": first[f"multi_step{h}_copy_psnr"],
               f"step {h} changed_mse": first[f"multi_step{h}_copy_changed_mse"],
-              f"step {h} object_error_px": first[f"multi_step{h}_copy_object_error_px"]},
+              f"step {h} object_error_px": first[f"multi_step{h}_copy_object_error_px"],
+              f"step {h} object_error_px_whole": first[f"multi_step{h}_copy_object_error_px_whole"]},
              {"model": "real frames", "repetition_rate": first["multi_real_repetition_rate"]}]
     multi += [{"model": name, "lpips (mean over steps)": l["multi_lpips"], "psnr": l["multi_psnr"], "ssim": l["multi_ssim"],
                f"step {h} psnr": l[f"multi_step{h}_psnr"], f"step {h} changed_mse": l[f"multi_step{h}_changed_mse"],
-               f"step {h} object_error_px": l[f"multi_step{h}_object_error_px"], "repetition_rate": l["multi_repetition_rate"],
+               f"step {h} object_error_px": l[f"multi_step{h}_object_error_px"],
+               f"step {h} object_error_px_whole": l[f"multi_step{h}_object_error_px_whole"], "repetition_rate": l["multi_repetition_rate"],
                "false_repetition_rate": l["multi_false_repetition_rate"]}
               for name, l in lines.items()]
     mle, rl = lines["MLE"], lines["RLVR"]

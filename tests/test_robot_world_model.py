@@ -230,6 +230,7 @@ def test_object_centroids_are_read_from_the_frame_colours():
     assert object_position_error(frame, moved, frame) == pytest.approx(5.0), "copying the previous frame misses by the motion"
     assert object_position_error(moved, moved, frame) == 0.0
     assert np.isnan(object_position_error(frame, frame, frame)), "nothing moved: no motion to score"
+    assert np.isnan(object_position_error(frame, moved, frame, min_target_pixels=5)), "4 pixels showing: not whole"
 
 
 def test_evaluation_reports_model_and_baselines(tiny_world):
