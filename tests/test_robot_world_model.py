@@ -1,6 +1,7 @@
 """Frame tokenizer, token layout and the MLE -> RLVR pipeline of the video world model, on small real data."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -128,7 +129,7 @@ def test_decoder_only_fine_tune_keeps_the_codes(tiny_world):
 
 
 def test_frame_pairs_skip_first_frames_and_point_at_the_chosen_context():
-    episodes = [type("E", (), {"frames": np.zeros((n, 64, 64, 3), np.uint8)})() for n in (3, 4)]
+    episodes = [SimpleNamespace(frames=np.zeros((n, 64, 64, 3), np.uint8)) for n in (3, 4)]  # all frame_pairs reads
     frames, targets, first = frame_pairs(episodes, "first")
     assert len(frames) == 7 and targets.tolist() == [1, 2, 4, 5, 6] and first.tolist() == [0, 0, 3, 3, 3]
     assert frame_pairs(episodes, "previous")[2].tolist() == [0, 1, 3, 4, 5]

@@ -12,8 +12,7 @@ before (in a rollout the previous *decoded* frame, so frames decode in order). M
 and a decoder-only fine-tune to "previous" (`eval rt1`, 20 episodes): single-step LPIPS 0.028 -> 0.016 and object
 error 7.0 -> 5.8 px, but changed-pixel MSE 0.096 -> 0.115 and the 5-step rollout's PSNR 21.1 -> 20.6 dB, and its
 ceiling did not move (3.5 -> 3.7 px, copying the last frame: 1.9). A residual decoder (context + correction) on
-these codes converged to an exact copy of the context: the 8x8 grid of 1,000 codes does not place a 5-pixel object
-within the ~2 px it moves per step, whatever the decoder sees.
+these codes converged to an exact copy of the context. The README's results say where the object error comes from.
 
 FSQ (Mentzer et al., 2023) instead of a VQ codebook: no codebook collapse and no commitment losses; levels
 (8, 5, 5, 5) give 1,000 codes.
