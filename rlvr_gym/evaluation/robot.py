@@ -65,17 +65,28 @@ def object_position_error(pred: np.ndarray, target: np.ndarray, prev: np.ndarray
     return float(d[moved].mean()) if moved.any() else math.nan
 
 
-def frame_metrics(pred: np.ndarray, target: np.ndarray, prev: np.ndarray) -> dict[str, float]:
-    """Mean of each per-frame metric over a batch of uint8 frames; prev is the real frame before the target."""
+def changed_mse(pred: np.ndarray, target: np.ndarray, prev: np.ndarray) -> float:
+    """Mean over frames of the MSE on pixels that changed from prev to target (NaN when none did)."""
     changed = R.changed_pixel_mse(pred, target, prev)
+    return float(np.nanmean(changed.numpy())) if torch.isfinite(changed).any() else math.nan
+
+
+def object_errors(pred: np.ndarray, target: np.ndarray, since: np.ndarray) -> dict[str, float]:
+    """Object error over the objects that moved since `since`: all of them, and those showing whole."""
+    return {"object_error_px": object_position_error(pred, target, since),
+            "object_error_px_whole": object_position_error(pred, target, since, min_target_pixels=WHOLE_OBJECT_PIXELS)}
+
+
+def frame_metrics(pred: np.ndarray, target: np.ndarray, prev: np.ndarray, since: np.ndarray | None = None) -> dict[str, float]:
+    """Mean of each per-frame metric over a batch of uint8 frames; prev is the real frame before the target, and
+    object errors count the objects that moved since `since` (default prev; a rollout's start frame for k steps)."""
     return {
         "mse": float(R.mse(pred, target).mean()),
         "psnr": float(R.psnr(pred, target).clamp(max=60).mean()),
         "ssim": float(R.ssim(pred, target).mean()),
         "lpips": float(batched_lpips(pred, target).mean()),
-        "changed_mse": float(np.nanmean(changed.numpy())) if torch.isfinite(changed).any() else math.nan,
-        "object_error_px": object_position_error(pred, target, prev),
-        "object_error_px_whole": object_position_error(pred, target, prev, min_target_pixels=WHOLE_OBJECT_PIXELS),
+        "changed_mse": changed_mse(pred, target, prev),
+        **object_errors(pred, target, prev if since is None else since),
     }
 
 
@@ -166,18 +177,14 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
             pred = preds[:, j]
             per_step.append({
                 "step": j + 1,
-                **frame_metrics(pred, target, prev),
                 # Objects that moved since the rollout began, for the model and the copy baseline alike.
-                "object_error_px": object_position_error(pred, target, start),
-                "object_error_px_whole": object_position_error(pred, target, start, min_target_pixels=WHOLE_OBJECT_PIXELS),
+                **frame_metrics(pred, target, prev, since=start),
                 "repetition_rate": R.repetition_rate(codes[:, j], previous_pred),
                 "false_repetition_rate": R.false_repetition_rate(codes[:, j], previous_pred, real_codes, previous_real),
                 "real_repetition_rate": R.repetition_rate(real_codes, previous_real),
                 "copy_start_psnr": float(R.psnr(start, target).clamp(max=60).mean()),
-                "copy_start_changed_mse": frame_metrics(start, target, prev)["changed_mse"],
-                "copy_start_object_error_px": object_position_error(start, target, start),
-                "copy_start_object_error_px_whole": object_position_error(start, target, start,
-                                                                          min_target_pixels=WHOLE_OBJECT_PIXELS),
+                "copy_start_changed_mse": changed_mse(start, target, prev),
+                **{f"copy_start_{k}": v for k, v in object_errors(start, target, start).items()},
             })
         keys = ["mse", "psnr", "ssim", "lpips", "changed_mse", "object_error_px", "repetition_rate", "false_repetition_rate",
                 "real_repetition_rate"]

@@ -19,7 +19,7 @@ import torch
 
 from rlvr_gym.data.episodes import Episode, load_episodes
 from rlvr_gym.domains import robot as R
-from rlvr_gym.models.frame_tokenizer import FrameTokenizer, FrameTokenizerConfig
+from rlvr_gym.models.frame_tokenizer import CONTEXT_FRAMES, FrameTokenizer, FrameTokenizerConfig
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
 from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings, load_frame_tokenizer
 from rlvr_gym.sim.robot import save_initial_states
@@ -77,7 +77,7 @@ def frame_pairs(episodes: list[Episode], context_frame: str = "first") -> tuple[
     elif context_frame == "previous":
         context = targets - 1
     else:
-        raise ValueError(f"context_frame must be 'first' or 'previous', got {context_frame!r}")
+        raise ValueError(f"context_frame must be one of {CONTEXT_FRAMES}, got {context_frame!r}")
     return frames, targets, context
 
 
@@ -130,6 +130,8 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
     optionally weighted towards saturated pixels; with train_encoder=False only the decoder learns."""
     if not config.train_encoder and not config.model:
         raise ValueError("--no-train-encoder fine-tunes a trained tokenizer's decoder: pass it with --model")
+    if config.context_frame and config.context_frame not in CONTEXT_FRAMES:
+        raise ValueError(f"--context-frame must be one of {CONTEXT_FRAMES}, got {config.context_frame!r}")
     d = RUN.setup_processes(config.threads)
     if not config.model:
         init = Path(config.run_dir) / "init"
