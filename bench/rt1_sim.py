@@ -48,7 +48,7 @@ def tokenizer_decode_flops(world: RobotWorldModel) -> float:
 
     hooks = [m.register_forward_hook(count) for m in world.frame_tokenizer.modules() if isinstance(m, torch.nn.Conv2d)]
     frame = np.zeros((1, 64, 64, 3), np.uint8)
-    world.decode(np.zeros((1, R.FRAME_TOKENS), np.int64), frame)
+    world.decode(np.zeros((1, world.frame_tokens), np.int64), frame)
     for h in hooks:
         h.remove()
     return float(flops)
@@ -74,8 +74,8 @@ def main(out_dir: str = "runs/bench", checkpoint: str = "rt1-rlvr", num_envs: in
     batched_rate = num_envs * steps / time_steps(vector, steps, batched=True)
     single_rate = num_envs / time_steps(single, num_envs, batched=False)
     gflops = matmul_gflops()
-    prompt_tokens = 1 + world.settings.context_steps * R.STEP_TOKENS
-    lm_flops = 2 * parameter_count(world.lm) * (prompt_tokens + R.FRAME_TOKENS + 1)
+    prompt_tokens = 1 + world.settings.context_steps * world.step_tokens
+    lm_flops = 2 * parameter_count(world.lm) * (prompt_tokens + world.frame_tokens + 1)
     step_flops = lm_flops + tokenizer_decode_flops(world)
     bound = gflops * 1e9 / step_flops
     result = {
@@ -95,7 +95,7 @@ def main(out_dir: str = "runs/bench", checkpoint: str = "rt1-rlvr", num_envs: in
         + markdown_table(rows, digits=1)
         + f"\n\nBatched / sequential: **{result['speedup']:.1f}x** (target >= 15x). Batched runs at "
         f"{result['batched_fraction_of_bound'] * 100:.0f}% of the compute bound: an env step costs "
-        f"{step_flops / 1e9:.2f} GFLOP (prefill of the {prompt_tokens}-token window, {R.FRAME_TOKENS + 1} decoded tokens, "
+        f"{step_flops / 1e9:.2f} GFLOP (prefill of the {prompt_tokens}-token window, {world.frame_tokens + 1} decoded tokens, "
         f"the frame decoder), and this core multiplies matrices at {gflops:.0f} GFLOP/s. Batching removes the per-token "
         "Python overhead that dominates a single env; it cannot remove arithmetic, which is why the speedup on a CPU is "
         "bounded by how far the single env is from the compute bound.\n"

@@ -32,9 +32,9 @@ from rlvr_gym.train.robot import episode_codes, frame_flags
 BEST_OF = (1, 2, 4, 8, 16, 32, 64, 100)
 
 
-def last_prompt_frame(prompt: list[int]) -> np.ndarray:
+def last_prompt_frame(prompt: list[int], frame_tokens: int) -> np.ndarray:
     """The codes of the most recent frame in a prompt (it ends with frame, flag, action)."""
-    return np.asarray(prompt[-(R.ACTION_DIM + 1 + R.FRAME_TOKENS) : -(R.ACTION_DIM + 1)])
+    return np.asarray(prompt[-(R.ACTION_DIM + 1 + frame_tokens) : -(R.ACTION_DIM + 1)])
 
 
 def repetition_rejection(world: RobotWorldModel, tries: int = 4):
@@ -46,11 +46,11 @@ def repetition_rejection(world: RobotWorldModel, tries: int = 4):
         samples = samples.reshape(len(prompts), tries, k, -1)
         out = greedy.copy()
         for i, prompt in enumerate(prompts):
-            previous = np.concatenate([last_prompt_frame(prompt)[None], greedy[i, :-1]])
+            previous = np.concatenate([last_prompt_frame(prompt, world.frame_tokens)[None], greedy[i, :-1]])
             if not (greedy[i] == previous).all(-1).any():
                 continue
             for candidate in samples[i]:
-                prev = np.concatenate([last_prompt_frame(prompt)[None], candidate[:-1]])
+                prev = np.concatenate([last_prompt_frame(prompt, world.frame_tokens)[None], candidate[:-1]])
                 if not (candidate == prev).all(-1).any():
                     out[i] = candidate
                     break

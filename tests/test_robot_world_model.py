@@ -182,6 +182,57 @@ def test_pipeline_trains_a_world_model_that_predicts_parseable_frames(tiny_world
     assert frames.shape == (2, 64, 64, 3) and frames.dtype == np.uint8
 
 
+
+def test_multi_step_prediction_slides_the_context_window_as_the_env_steps(tiny_world):
+    root, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    episode = load_episodes(root / "heldout")[0]
+    codes = world.encode(episode.frames[:2], episode.frames[:1])
+    prompt = world.prompt(codes, [False, False], episode.actions[:2])
+    k = 4
+    rolled, success, errors = world.predict([prompt], k=k, future_actions=[episode.actions[2 : 1 + k]])
+    assert errors == [None]
+    # The same rollout one frame at a time, each prompt the last context_steps steps with the predicted frame in.
+    current = prompt
+    for step in range(k):
+        assert len(current) == 1 + world.settings.context_steps * R.STEP_TOKENS
+        one, prob, _ = world.predict([current], k=1)
+        assert (one[0, 0] == rolled[0, step]).all() and np.isclose(prob[0, 0], success[0, step])
+        if step < k - 1:
+            current = world.slide(current, one[0, 0], bool(prob[0, 0] > 0.5), episode.actions[2 + step])
+    assert current[-R.STEP_TOKENS : -R.STEP_TOKENS + R.FRAME_TOKENS] == rolled[0, k - 2].tolist()
+
+
+def test_a_16x16_token_tokenizer_carries_through_mle_rollouts_and_rlvr(tiny_world):
+    root, _ = tiny_world
+    tokenizer = train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "tok16"), data=str(root / "train"),
+                                                      channels=(16, 32), steps=2, batch_size=8))
+    world_dir = run_rt1_mle(RT1MLEConfig(data=str(root / "train"), tokenizer=str(tokenizer), out=str(root / "mle16"),
+                                         window=3, size=LlamaSize(32, 1, 2, 64, 1024),
+                                         sft=SFTConfig(steps=2, batch_size=4, micro_batch=4, save_every=2)))
+    world = RobotWorldModel.load(world_dir)
+    assert world.frame_tokens == 256 and json.loads((world_dir / "world_model.json").read_text())["layout"]["frame_tokens"] == 256
+    episode = load_episodes(root / "heldout")[0]
+    codes = world.encode(episode.frames[:2], episode.frames[:1])
+    prompt = world.prompt(codes, [False, False], episode.actions[:2])
+    assert len(prompt) == 1 + 2 * (256 + 1 + R.ACTION_DIM)
+    predicted, _, errors = world.predict([prompt], k=3, future_actions=[episode.actions[2:4]])
+    assert errors == [None] and predicted.shape == (1, 3, 256)
+    assert world.decode_rollout(predicted, episode.frames[1:2], episode.frames[:1]).shape == (1, 3, 64, 64, 3)
+    with pytest.raises(ValueError, match=r"\(N, k, 256\)"):
+        world.decode_rollout(predicted[..., :64], episode.frames[1:2], episode.frames[:1])
+    out = run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr16"), horizon=2,
+                                     grpo=GRPOConfig(steps=1, prompts_per_step=2, group_size=2, save_every=1)))
+    log = [r for r in read_log(root / "rlvr16") if "reward/mean" in r]
+    assert log[0]["reward/parse_failure_rate"] == 0 and RobotWorldModel.load(out).frame_tokens == 256
+    # A transformer trained on 8x8 codes refuses the 16x16 tokenizer's.
+    meta = json.loads((world_dir / "world_model.json").read_text())
+    meta["layout"]["frame_tokens"] = 64
+    (world_dir / "world_model.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="token layout"):
+        RobotWorldModel.load(world_dir)
+
+
 def test_rlvr_scores_multi_step_rollouts_with_the_frame_reward(tiny_world):
     root, world_dir = tiny_world
     out = run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr"), horizon=2,

@@ -207,7 +207,8 @@ def false_repetition_rate(
 # The video world model reads and writes one sequence per episode window:
 #     BOS, [frame_t (64 codes), flag_t, action_t (7 bins)], [frame_t+1, flag_t+1, action_t+1], ...
 # frame codes are the frame tokenizer's ids, flag_t says whether the task has succeeded in frame t (the world
-# model's success head is this token's probability), action bins are shifted past the codebook.
+# model's success head is this token's probability), action bins are shifted past the codebook. A frame is 64 codes
+# with the shipped 8x8-token tokenizer; the functions below take `frame_tokens` for a finer one (16x16: 256).
 CODEBOOK_SIZE = 1000
 FRAME_TOKENS = 64
 ACTION_OFFSET = CODEBOOK_SIZE
@@ -216,7 +217,14 @@ FLAG_SUCCESS = FLAG_RUNNING + 1
 BOS = FLAG_SUCCESS + 1
 PAD = BOS + 1
 VOCAB_SIZE = PAD + 1
-STEP_TOKENS = FRAME_TOKENS + 1 + ACTION_DIM
+
+
+def step_length(frame_tokens: int = FRAME_TOKENS) -> int:
+    """Tokens per step: a frame's codes, its flag, an action."""
+    return frame_tokens + 1 + ACTION_DIM
+
+
+STEP_TOKENS = step_length()
 
 
 def step_tokens(frame_tokens, success: bool, action=None) -> list[int]:
@@ -237,7 +245,7 @@ def window_tokens(frame_tokens, success, actions) -> list[int]:
     return out
 
 
-def rollout_forced_tokens(actions, success=None) -> dict[int, int]:
+def rollout_forced_tokens(actions, success=None, frame_tokens: int = FRAME_TOKENS) -> dict[int, int]:
     """Forced completion positions for a k-step rollout: completion = frame, flag, [action, frame, flag]*(k-1).
 
     `actions` are the k-1 actions taken *between* predicted frames (the first action is in the prompt). Flags
@@ -246,45 +254,46 @@ def rollout_forced_tokens(actions, success=None) -> dict[int, int]:
     forced = {}
     k = len(actions) + 1
     for step in range(k):
-        start = step * STEP_TOKENS
+        start = step * step_length(frame_tokens)
         if success is not None:
-            forced[start + FRAME_TOKENS] = FLAG_SUCCESS if success[step] else FLAG_RUNNING
+            forced[start + frame_tokens] = FLAG_SUCCESS if success[step] else FLAG_RUNNING
         if step < k - 1:
             for j, b in enumerate(actions_to_bins(np.asarray(actions[step], dtype=np.float32))):
-                forced[start + FRAME_TOKENS + 1 + j] = ACTION_OFFSET + int(b)
+                forced[start + frame_tokens + 1 + j] = ACTION_OFFSET + int(b)
     return forced
 
 
-def rollout_length(k: int) -> int:
-    return k * STEP_TOKENS - ACTION_DIM
+def rollout_length(k: int, frame_tokens: int = FRAME_TOKENS) -> int:
+    return k * step_length(frame_tokens) - ACTION_DIM
 
 
-def rollout_allowed_tokens(k: int) -> torch.Tensor:
+def rollout_allowed_tokens(k: int, frame_tokens: int = FRAME_TOKENS) -> torch.Tensor:
     """(rollout_length(k), VOCAB_SIZE) bool: frame codes where a frame goes, flags after it, actions between."""
-    allowed = torch.zeros((rollout_length(k), VOCAB_SIZE), dtype=torch.bool)
-    for pos in range(rollout_length(k)):
-        offset = pos % STEP_TOKENS
-        if offset < FRAME_TOKENS:
+    length = rollout_length(k, frame_tokens)
+    allowed = torch.zeros((length, VOCAB_SIZE), dtype=torch.bool)
+    for pos in range(length):
+        offset = pos % step_length(frame_tokens)
+        if offset < frame_tokens:
             allowed[pos, :CODEBOOK_SIZE] = True
-        elif offset == FRAME_TOKENS:
+        elif offset == frame_tokens:
             allowed[pos, FLAG_RUNNING : FLAG_SUCCESS + 1] = True
         else:
             allowed[pos, ACTION_OFFSET : ACTION_OFFSET + NUM_BINS] = True
     return allowed
 
 
-def parse_rollout(completion_ids, k: int) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
-    """Completion ids of a k-step rollout -> (frame codes (k, 64), success flags (k,), error)."""
+def parse_rollout(completion_ids, k: int, frame_tokens: int = FRAME_TOKENS) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
+    """Completion ids of a k-step rollout -> (frame codes (k, frame_tokens), success flags (k,), error)."""
     ids = list(completion_ids)
-    if len(ids) < rollout_length(k):
-        return None, None, f"rollout has {len(ids)} tokens, {rollout_length(k)} needed for {k} frames"
+    if len(ids) < rollout_length(k, frame_tokens):
+        return None, None, f"rollout has {len(ids)} tokens, {rollout_length(k, frame_tokens)} needed for {k} frames"
     frames, flags = [], []
     for step in range(k):
-        start = step * STEP_TOKENS
-        frame = ids[start : start + FRAME_TOKENS]
+        start = step * step_length(frame_tokens)
+        frame = ids[start : start + frame_tokens]
         if any(not 0 <= t < CODEBOOK_SIZE for t in frame):
             return None, None, f"frame {step} holds a token that is not a frame code"
-        flag = ids[start + FRAME_TOKENS]
+        flag = ids[start + frame_tokens]
         if flag not in (FLAG_RUNNING, FLAG_SUCCESS):
             return None, None, f"frame {step} is not followed by a success flag"
         frames.append(frame)

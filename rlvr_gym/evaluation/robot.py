@@ -134,7 +134,7 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
                          sampling: SamplingConfig | None = None, choose=None) -> dict:
     """Metrics of single-step and `horizon`-step predictions on the episodes, with the baselines.
 
-    `choose(prompts, k, future) -> codes (n, k, 64)` replaces greedy prediction (best-of-N, rejection sampling).
+    `choose(prompts, k, future) -> codes (n, k, frame tokens)` replaces greedy prediction (best-of-N, rejection sampling).
     """
     sampling = sampling or SamplingConfig(temperature=0.0)
     data = [EpisodeTokens(e, episode_codes(world.frame_tokenizer, e), frame_flags(e)) for e in episodes]

@@ -3,7 +3,7 @@
 A checkpoint directory holds
     lm/               Hugging Face causal LM over rlvr_gym.domains.robot's token layout
     frame_tokenizer/  FrameTokenizer (safetensors)
-    world_model.json  context_steps and the layout constants the LM was trained with
+    world_model.json  context_steps and the layout the LM was trained with (codebook, tokens per frame, vocabulary)
 Rollouts keep at most `context_steps` past steps in the prompt (the window slides, as in RLVR-World).
 """
 
@@ -22,7 +22,11 @@ from rlvr_gym.models.frame_tokenizer import FrameTokenizer
 from rlvr_gym.models.lm import SHIPPED_DIR, CheckpointError, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import SamplingConfig, sample
 
-LAYOUT = {"codebook_size": R.CODEBOOK_SIZE, "frame_tokens": R.FRAME_TOKENS, "vocab_size": R.VOCAB_SIZE}
+
+
+def layout(frame_tokens: int) -> dict[str, int]:
+    """The token layout a world model's transformer was trained with; the tokenizer sets the tokens per frame."""
+    return {"codebook_size": R.CODEBOOK_SIZE, "frame_tokens": frame_tokens, "vocab_size": R.VOCAB_SIZE}
 
 
 DEFAULT_SUCCESS_THRESHOLD = 0.5
@@ -55,11 +59,13 @@ class RobotWorldModel:
         if lm.config.vocab_size != R.VOCAB_SIZE:
             raise CheckpointError(f"the transformer's vocabulary ({lm.config.vocab_size}) is not the robot layout's ({R.VOCAB_SIZE})")
         tok_config = frame_tokenizer.config
-        if tok_config.codebook_size != R.CODEBOOK_SIZE or tok_config.tokens_per_side**2 != R.FRAME_TOKENS:
+        if tok_config.codebook_size != R.CODEBOOK_SIZE:
             raise CheckpointError(
-                f"tokenizer/transformer mismatch: the frame tokenizer has {tok_config.codebook_size} codes and "
-                f"{tok_config.tokens_per_side**2} tokens per frame, the transformer expects {R.CODEBOOK_SIZE} and {R.FRAME_TOKENS}"
+                f"tokenizer/transformer mismatch: the frame tokenizer has {tok_config.codebook_size} codes, "
+                f"the transformer expects {R.CODEBOOK_SIZE}"
             )
+        self.frame_tokens = tok_config.tokens_per_side**2
+        self.step_tokens = R.step_length(self.frame_tokens)
         self.lm = lm.eval()
         self.frame_tokenizer = frame_tokenizer.eval()
         self.settings = settings
@@ -83,14 +89,17 @@ class RobotWorldModel:
             meta = json.loads(meta_file.read_text())
         except json.JSONDecodeError as error:
             raise CheckpointError(f"{meta_file} is corrupt: {error}") from error
-        if meta.get("layout") != LAYOUT:
-            raise CheckpointError(f"{path} was trained with token layout {meta.get('layout')}, this code uses {LAYOUT}")
         try:
             settings = WorldModelSettings(**meta["settings"])
         except (KeyError, TypeError) as error:
             raise CheckpointError(f"{meta_file} has no valid settings ({error}); this code reads {list(asdict(WorldModelSettings()))}") from None
+        frame_tokenizer = load_frame_tokenizer(path / "frame_tokenizer")
+        expected = layout(frame_tokenizer.config.tokens_per_side**2)
+        if meta.get("layout") != expected:
+            raise CheckpointError(f"{path} was trained with token layout {meta.get('layout')}; this code and its frame "
+                                  f"tokenizer make {expected}")
         lm, _ = load_model(resolve_checkpoint(path / "lm"))
-        return cls(lm, load_frame_tokenizer(path / "frame_tokenizer"), settings)
+        return cls(lm, frame_tokenizer, settings)
 
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
         """Write the checkpoint directory; dtype=torch.float16 halves it for shipping (loading casts back)."""
@@ -107,7 +116,7 @@ class RobotWorldModel:
         """Write world_model.json alone: the layout and settings, e.g. after calibrating the success thresholds."""
         target = Path(path) / "world_model.json"
         tmp = target.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"layout": LAYOUT, "settings": asdict(self.settings)}, indent=2))
+        tmp.write_text(json.dumps({"layout": layout(self.frame_tokens), "settings": asdict(self.settings)}, indent=2))
         os.replace(tmp, target)
         return target
 
@@ -123,13 +132,13 @@ class RobotWorldModel:
     # ------------------------------------------------------------------------------------------ frames
 
     def encode(self, frames: np.ndarray, context: np.ndarray) -> np.ndarray:
-        """uint8 frames (N, 64, 64, 3) with context frames (N or 1, ...) -> codes (N, 64)."""
+        """uint8 frames (N, 64, 64, 3) with context frames (N or 1, ...) -> codes (N, frame_tokens)."""
         frames_t = torch.as_tensor(np.ascontiguousarray(frames))
         context_t = torch.as_tensor(np.ascontiguousarray(context)).expand(len(frames_t), -1, -1, -1)
         return self.frame_tokenizer.encode(frames_t, context_t).numpy()
 
     def decode(self, codes: np.ndarray, context: np.ndarray) -> np.ndarray:
-        """Codes (N, 64) with context frames (N or 1, 64, 64, 3) -> uint8 frames (N, 64, 64, 3)."""
+        """Codes (N, frame_tokens) with context frames (N or 1, 64, 64, 3) -> uint8 frames (N, 64, 64, 3)."""
         codes_t = torch.as_tensor(np.asarray(codes, dtype=np.int64))
         context_t = torch.as_tensor(np.ascontiguousarray(context)).expand(len(codes_t), -1, -1, -1)
         return self.frame_tokenizer.decode(codes_t, context_t).numpy()
@@ -139,14 +148,14 @@ class RobotWorldModel:
         return self.frame_tokenizer.config.context_frame
 
     def decode_rollout(self, codes: np.ndarray, start: np.ndarray, first: np.ndarray) -> np.ndarray:
-        """Codes (N, k, 64) of k frames predicted from the real frames `start` (N, 64, 64, 3) -> frames (N, k, ...).
+        """Codes (N, k, frame_tokens) of k frames predicted from the real frames `start` (N, 64, 64, 3) -> frames (N, k, ...).
 
         A tokenizer conditioned on the episode's `first` frame decodes them all against it; one conditioned on the
         previous frame decodes them in order, each against the one decoded before (the first against `start`).
         """
         codes = np.asarray(codes)
-        if codes.ndim != 3:
-            raise ValueError(f"expected codes of shape (N, k, {R.FRAME_TOKENS}), got {codes.shape}")
+        if codes.ndim != 3 or codes.shape[2] != self.frame_tokens:
+            raise ValueError(f"expected codes of shape (N, k, {self.frame_tokens}), got {codes.shape}")
         n, k = codes.shape[:2]
         if self.context_frame == "first":
             context = np.repeat(np.asarray(first), k, 0) if len(first) == n else first
@@ -164,6 +173,12 @@ class RobotWorldModel:
         n = self.settings.context_steps
         return R.window_tokens(past_codes[-n:], past_flags[-n:], past_actions[-n:])
 
+    def slide(self, prompt: list[int], codes, flag: bool, action) -> list[int]:
+        """The next prompt: `prompt` with the predicted frame, its flag and the next action appended, cut back to
+        the last `context_steps` steps (the window slides, as in RLVR-World)."""
+        keep = self.settings.context_steps * self.step_tokens
+        return [R.BOS] + (list(prompt[1:]) + R.step_tokens(codes, flag, action))[-keep:]
+
     @torch.no_grad()
     def predict(
         self,
@@ -176,29 +191,40 @@ class RobotWorldModel:
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
         """Roll k frames forward from each prompt under the given actions (k-1 per prompt after the prompt's own).
 
-        Returns codes (rows, k, 64) (-1 where unparsable), success probabilities (rows, k) and per-row errors.
+        One frame at a time: each predicted frame, its predicted flag and the next real action join the prompt and
+        the oldest step leaves it, exactly as the learned env steps, so a rollout never sees a longer context than
+        the model was trained on. Rows are prompt-major (prompt i's samples are rows i*num_samples ...).
+        Returns codes (rows, k, frame_tokens) (-1 from an unparsable frame on), success probabilities (rows, k) and per-row
+        errors (the first one met).
         """
+        if k > 1 and (future_actions is None or len(future_actions) != len(prompts)):
+            raise ValueError(f"a {k}-step rollout needs {k - 1} future actions for each of the {len(prompts)} prompts")
         sampling = sampling or SamplingConfig(temperature=0.0)
-        sampling = SamplingConfig(R.rollout_length(k), sampling.temperature, sampling.top_k, sampling.top_p, ())
-        forced = None
-        if k > 1:
-            if future_actions is None or len(future_actions) != len(prompts):
-                raise ValueError(f"a {k}-step rollout needs {k - 1} future actions for each of the {len(prompts)} prompts")
-            forced = [R.rollout_forced_tokens(actions) for actions in future_actions]
-        rollout = sample(
-            self.lm, prompts, sampling, num_samples=num_samples, forced=forced, pad_token_id=R.PAD, generator=generator,
-            track_token_ids=(R.FLAG_RUNNING, R.FLAG_SUCCESS), allowed_tokens=R.rollout_allowed_tokens(k),
-        )
+        sampling = SamplingConfig(R.rollout_length(1, self.frame_tokens), sampling.temperature, sampling.top_k, sampling.top_p, ())
         rows = len(prompts) * num_samples
-        codes = np.full((rows, k, R.FRAME_TOKENS), -1, dtype=np.int64)
+        codes = np.full((rows, k, self.frame_tokens), -1, dtype=np.int64)
         success = np.zeros((rows, k), dtype=np.float32)
-        errors: list[str | None] = []
-        flag_positions = [step * R.STEP_TOKENS + R.FRAME_TOKENS for step in range(k)]
-        tracked = rollout.tracked_probs[:, flag_positions]  # (rows, k, 2)
-        success[:] = (tracked[..., 1] / tracked.sum(-1).clamp(min=1e-9)).numpy()
-        for i, completion in enumerate(rollout.completions()):
-            frames, _, error = R.parse_rollout(completion, k)
-            errors.append(error)
-            if frames is not None:
-                codes[i] = frames
+        errors: list[str | None] = [None] * rows
+        current = [list(p) for p in prompts]
+        for step in range(k):
+            rollout = sample(
+                self.lm, current, sampling, num_samples=num_samples if step == 0 else 1, pad_token_id=R.PAD,
+                generator=generator, track_token_ids=(R.FLAG_RUNNING, R.FLAG_SUCCESS), allowed_tokens=R.rollout_allowed_tokens(1, self.frame_tokens),
+            )
+            tracked = rollout.tracked_probs[:, self.frame_tokens]  # the flag's (rows, 2)
+            success[:, step] = (tracked[:, 1] / tracked.sum(-1).clamp(min=1e-9)).numpy()
+            completions = rollout.completions()
+            if step == 0:
+                current = [current[i // num_samples] for i in range(rows)]
+            for i, completion in enumerate(completions):
+                frames, flags, error = R.parse_rollout(completion, 1, self.frame_tokens)
+                if errors[i] is None and error is not None:
+                    errors[i] = f"frame {step}: {error}" if k > 1 else error
+                if errors[i] is None:
+                    codes[i, step] = frames[0]
+                if step < k - 1:
+                    # After an unparsable frame (the layout mask makes it unreachable for a sane model) the row goes
+                    # on from its last frame repeated; its codes stay -1 from there.
+                    frame, flag = (frames[0], bool(flags[0])) if frames is not None else (current[i][-self.step_tokens :][: self.frame_tokens], False)
+                    current[i] = self.slide(current[i], frame, flag, future_actions[i // num_samples][step])
         return codes, success, errors

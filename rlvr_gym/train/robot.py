@@ -168,7 +168,7 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
 
 
 def episode_codes(frame_tokenizer: FrameTokenizer, episode: Episode) -> np.ndarray:
-    """Frame codes (T+1, 64) of an episode, each frame tokenized against the episode's first frame."""
+    """Frame codes (T+1, tokens per frame) of an episode, each frame tokenized against the episode's first frame."""
     frames = torch.as_tensor(episode.frames)
     return torch.cat([frame_tokenizer.encode(f, frames[:1].expand(len(f), -1, -1, -1)) for f in frames.split(256)]).numpy()
 
@@ -183,13 +183,15 @@ def mle_examples(codes: np.ndarray, episode: Episode, window: int) -> list[dict]
     flags = frame_flags(episode)
     # The last frame has no action; any action token there is masked from the loss, so pad with zeros.
     actions = np.concatenate([episode.actions, np.zeros((1, R.ACTION_DIM), np.float32)])
+    frame_tokens = codes.shape[1]
+    step = R.step_length(frame_tokens)
     out = []
     for start in range(0, len(codes) - 1):
         end = min(start + window, len(codes))
         tokens = R.window_tokens(codes[start:end], flags[start:end], actions[start:end])
-        prompt_len = 1 + R.STEP_TOKENS
+        prompt_len = 1 + step
         target = tokens[prompt_len:-R.ACTION_DIM]  # ends with the last frame's flag
-        mask = [(i % R.STEP_TOKENS) < R.FRAME_TOKENS + 1 for i in range(len(target))]
+        mask = [(i % step) < frame_tokens + 1 for i in range(len(target))]
         out.append({"prompt_ids": tokens[:prompt_len], "target_ids": target, "target_mask": mask})
     return out
 
@@ -272,7 +274,7 @@ def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int)
             future = episode.actions[t + 1 : t + horizon]
             out.append({
                 "prompt_ids": prompt,
-                "forced": R.rollout_forced_tokens(future, flags[t + 1 : t + 1 + horizon]),
+                "forced": R.rollout_forced_tokens(future, flags[t + 1 : t + 1 + horizon], world.frame_tokens),
                 "episode": index,
                 "t": t,
             })
@@ -286,7 +288,7 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
         results: list[dict | None] = [None] * len(completion_ids)
         codes, targets, starts, firsts, rows = [], [], [], [], []
         for i, (ids, e, step) in enumerate(zip(completion_ids, episode, t)):
-            frames, _, error = R.parse_rollout(ids, horizon)
+            frames, _, error = R.parse_rollout(ids, horizon, world.frame_tokens)
             if error:
                 results[i] = {"score": R.PARSE_FAILURE_REWARD, "error": error}
                 continue
@@ -317,9 +319,9 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     episodes = load_episodes(config.data)
     examples = rlvr_examples(world, episodes, config.horizon)
     grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(out), "model": str(lm_dir),
-                         "max_new_tokens": R.rollout_length(config.horizon)})
+                         "max_new_tokens": R.rollout_length(config.horizon, world.frame_tokens)})
     reward = frame_reward_fn(world, episodes, config.horizon)
-    final = train_grpo(grpo, reward, examples, decode=None, allowed_tokens=R.rollout_allowed_tokens(config.horizon))
+    final = train_grpo(grpo, reward, examples, decode=None, allowed_tokens=R.rollout_allowed_tokens(config.horizon, world.frame_tokens))
     if d.is_main:
         world.lm = load_model(final)[0]
         world_dir = world.save(out / "world_model")
