@@ -244,6 +244,36 @@ def test_rlvr_scores_multi_step_rollouts_with_the_frame_reward(tiny_world):
     assert RobotWorldModel.load(out).settings.context_steps == 2
 
 
+def test_rlvr_reward_takes_off_the_object_term_and_the_repetition_penalty(tiny_world):
+    from rlvr_gym.train.robot import frame_reward_fn, rlvr_examples
+
+    root, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    episodes = load_episodes(root / "train")
+    example = rlvr_examples(world, episodes, 2)[3]
+    e, t = example["episode"], example["t"]
+    codes = world.encode(episodes[e].frames[t : t + 3], episodes[e].frames[:1])
+    # A rollout that predicts the real next two frames' codes, and one that repeats the prompt's frame twice.
+    flags = [R.FLAG_RUNNING] * 2
+    action = example["forced"]
+
+    def completion(frames):
+        ids = []
+        for j, frame in enumerate(frames):
+            ids += frame.tolist() + [flags[j]]
+            if j == 0:
+                ids += [action[R.FRAME_TOKENS + 1 + i] for i in range(R.ACTION_DIM)]
+        return ids
+    exact, repeated = completion(codes[1:3]), completion([codes[0], codes[0]])
+    plain = frame_reward_fn(world, episodes, 2)([exact, repeated], [e, e], [t, t])
+    shaped = frame_reward_fn(world, episodes, 2, object_weight=0.5, repetition_penalty=0.3)([exact, repeated], [e, e], [t, t])
+    changed = (codes[1:] != codes[:-1]).any(-1).mean()
+    assert changed > 0, "the real frames change, so repeating one is a false repetition"
+    assert shaped[1]["false_repetition"] == pytest.approx(changed) and shaped[0]["false_repetition"] == 0
+    for p, q in zip(plain, shaped):
+        assert q["score"] == pytest.approx(p["score"] - 0.5 * q["object"] - 0.3 * q["false_repetition"], abs=1e-6)
+
+
 def test_world_model_checkpoints_are_checked(tiny_world, tmp_path):
     _, world_dir = tiny_world
     world = RobotWorldModel.load(world_dir)
@@ -267,7 +297,7 @@ def test_world_model_checkpoints_are_checked(tiny_world, tmp_path):
 
 
 def test_object_centroids_are_read_from_the_frame_colours():
-    from rlvr_gym.evaluation.robot import object_centroids, object_position_error
+    from rlvr_gym.domains.robot import object_centroids, object_position_error
 
     frame = np.full((1, 64, 64, 3), 230, np.uint8)
     frame[0, 10:12, 20:22] = (230, 20, 20)  # red
@@ -283,6 +313,14 @@ def test_object_centroids_are_read_from_the_frame_colours():
     assert object_position_error(moved, moved, frame) == 0.0
     assert np.isnan(object_position_error(frame, frame, frame)), "nothing moved: no motion to score"
     assert np.isnan(object_position_error(frame, moved, frame, min_target_pixels=5)), "4 pixels showing: not whole"
+    # The reward's object term scores every object showing in the real frame, moved or not, in [0, 1].
+    assert R.object_reward_error(moved, moved).tolist() == [0.0]
+    assert R.object_reward_error(frame, moved) == pytest.approx([(5.0 / 45 + 0) / 2])
+    lost = moved.copy()
+    lost[0, 40:44, 50:52] = 230
+    assert R.object_reward_error(lost, moved) == pytest.approx([(0 + 1) / 2]), "a lost object counts 1"
+    empty = np.full_like(frame, 230)
+    assert R.object_reward_error(frame, empty).tolist() == [0.0], "nothing to place"
 
 
 def test_evaluation_reports_model_and_baselines(tiny_world):

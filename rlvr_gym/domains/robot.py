@@ -203,6 +203,58 @@ def false_repetition_rate(
     return repeated[changed].float().mean().item()
 
 
+# ---------------------------------------------------------------------------------------------------- objects
+
+# Object colours in the rendered frames (envs/robot/scene.py: red cube, green cube, blue can), as channel tests.
+OBJECT_MASKS = {
+    "red": lambda f: (f[..., 0] > 140) & (f[..., 1] < 90) & (f[..., 2] < 90),
+    "green": lambda f: (f[..., 1] > 110) & (f[..., 0] < 100) & (f[..., 2] < 100),
+    "blue": lambda f: (f[..., 2] > 140) & (f[..., 0] < 90) & (f[..., 1] < 130),
+}
+
+
+def object_centroids(frames: np.ndarray, min_pixels: int = 2) -> np.ndarray:
+    """(N, 64, 64, 3) uint8 -> (N, 3 objects, 2) pixel centroids (row, col), NaN where an object is not visible."""
+    out = np.full((len(frames), len(OBJECT_MASKS), 2), np.nan)
+    rows, cols = np.mgrid[: frames.shape[1], : frames.shape[2]]
+    for j, mask_fn in enumerate(OBJECT_MASKS.values()):
+        masks = mask_fn(frames.astype(np.int16))
+        counts = masks.sum((1, 2))
+        visible = counts >= min_pixels
+        out[visible, j, 0] = (masks * rows).sum((1, 2))[visible] / counts[visible]
+        out[visible, j, 1] = (masks * cols).sum((1, 2))[visible] / counts[visible]
+    return out
+
+
+# Objects showing at least this many pixels in the real frame count as whole (a cube shows 15-40 from this camera);
+# fewer are half under the gripper, and their centroid says little about where they are.
+WHOLE_OBJECT_PIXELS = 15
+
+
+def object_position_error(pred: np.ndarray, target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0,
+                          min_target_pixels: int = 2) -> float:
+    """Mean pixel distance between object centroids read from predicted and real frames, over the objects that moved
+    (by more than `min_motion` px between the previous real frame and the target): still objects would make copying
+    look perfect. Only objects showing `min_target_pixels` in the target count. NaN when nothing moved."""
+    p, before = object_centroids(pred), object_centroids(prev)
+    t = object_centroids(target, min_pixels=min_target_pixels)
+    moved = np.linalg.norm(t - before, axis=-1) > min_motion  # NaN compares False: objects not seen in both
+    d = np.linalg.norm(p - t, axis=-1)
+    # An object the prediction lost counts as the frame's half-diagonal: losing it must not look good.
+    d = np.where(np.isnan(p[..., 0]), 45.0, d)
+    return float(d[moved].mean()) if moved.any() else math.nan
+
+
+def object_reward_error(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Per frame, in [0, 1]: the mean over the objects showing in the real frame of min(centroid distance, 45 px) / 45,
+    a lost object counting 1 (0 where no object shows). The object term of the RT-1 RLVR reward: every object, moved
+    or not, since a prediction that drops a still one is as wrong."""
+    p, t = object_centroids(pred), object_centroids(target)
+    shown = ~np.isnan(t[..., 0])
+    d = np.where(np.isnan(p[..., 0]), 45.0, np.minimum(np.linalg.norm(p - t, axis=-1), 45.0)) / 45.0
+    return np.where(shown, d, 0.0).sum(-1) / np.maximum(shown.sum(-1), 1)
+
+
 # ---------------------------------------------------------------------------------------------------- token layout
 # The video world model reads and writes one sequence per episode window:
 #     BOS, [frame_t (64 codes), flag_t, action_t (7 bins)], [frame_t+1, flag_t+1, action_t+1], ...

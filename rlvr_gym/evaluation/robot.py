@@ -21,48 +21,10 @@ import torch
 
 from rlvr_gym.data.episodes import CollectConfig, Episode, collect, load_episodes
 from rlvr_gym.domains import robot as R
+from rlvr_gym.domains.robot import WHOLE_OBJECT_PIXELS, object_position_error
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.sampler import SamplingConfig
 from rlvr_gym.train.robot import episode_codes, frame_flags
-
-# Object colours in the rendered frames (envs/robot/scene.py: red cube, green cube, blue can), as channel tests.
-OBJECT_MASKS = {
-    "red": lambda f: (f[..., 0] > 140) & (f[..., 1] < 90) & (f[..., 2] < 90),
-    "green": lambda f: (f[..., 1] > 110) & (f[..., 0] < 100) & (f[..., 2] < 100),
-    "blue": lambda f: (f[..., 2] > 140) & (f[..., 0] < 90) & (f[..., 1] < 130),
-}
-
-
-def object_centroids(frames: np.ndarray, min_pixels: int = 2) -> np.ndarray:
-    """(N, 64, 64, 3) uint8 -> (N, 3 objects, 2) pixel centroids (row, col), NaN where an object is not visible."""
-    out = np.full((len(frames), len(OBJECT_MASKS), 2), np.nan)
-    rows, cols = np.mgrid[: frames.shape[1], : frames.shape[2]]
-    for j, mask_fn in enumerate(OBJECT_MASKS.values()):
-        masks = mask_fn(frames.astype(np.int16))
-        counts = masks.sum((1, 2))
-        visible = counts >= min_pixels
-        out[visible, j, 0] = (masks * rows).sum((1, 2))[visible] / counts[visible]
-        out[visible, j, 1] = (masks * cols).sum((1, 2))[visible] / counts[visible]
-    return out
-
-
-# Objects showing at least this many pixels in the real frame count as whole (a cube shows 15-40 from this camera);
-# fewer are half under the gripper, and their centroid says little about where they are.
-WHOLE_OBJECT_PIXELS = 15
-
-
-def object_position_error(pred: np.ndarray, target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0,
-                          min_target_pixels: int = 2) -> float:
-    """Mean pixel distance between object centroids read from predicted and real frames, over the objects that moved
-    (by more than `min_motion` px between the previous real frame and the target): still objects would make copying
-    look perfect. Only objects showing `min_target_pixels` in the target count. NaN when nothing moved."""
-    p, before = object_centroids(pred), object_centroids(prev)
-    t = object_centroids(target, min_pixels=min_target_pixels)
-    moved = np.linalg.norm(t - before, axis=-1) > min_motion  # NaN compares False: objects not seen in both
-    d = np.linalg.norm(p - t, axis=-1)
-    # An object the prediction lost counts as the frame's half-diagonal: losing it must not look good.
-    d = np.where(np.isnan(p[..., 0]), 45.0, d)
-    return float(d[moved].mean()) if moved.any() else math.nan
 
 
 def changed_mse(pred: np.ndarray, target: np.ndarray, prev: np.ndarray) -> float:

@@ -85,8 +85,6 @@ def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, target_idx: np.
                       n: int) -> dict[str, float]:
     """Held-out reconstruction PSNR and object-position error (objects that moved since the context frame), with the
     same for simply showing the context frame, on n evenly spaced frames."""
-    from rlvr_gym.evaluation.robot import object_position_error  # evaluation imports this module
-
     idx = np.linspace(0, len(target_idx) - 1, min(n, len(target_idx))).astype(int)
     target = torch.as_tensor(frames[target_idx[idx]])
     context = torch.as_tensor(frames[context_idx[idx]])
@@ -94,8 +92,8 @@ def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, target_idx: np.
     return {
         "psnr": float(R.psnr(recon, target).clamp(max=60).mean()),
         "psnr_context_copy": float(R.psnr(context, target).clamp(max=60).mean()),
-        "object_error_px": object_position_error(recon.numpy(), target.numpy(), context.numpy()),
-        "object_error_px_context_copy": object_position_error(context.numpy(), target.numpy(), context.numpy()),
+        "object_error_px": R.object_position_error(recon.numpy(), target.numpy(), context.numpy()),
+        "object_error_px_context_copy": R.object_position_error(context.numpy(), target.numpy(), context.numpy()),
     }
 
 
@@ -256,6 +254,13 @@ class RT1RLVRConfig:
     """Run directory; the world model is written to OUT/world_model."""
     horizon: int = 1
     """Frames predicted per rollout (1: single-step; >1: real actions spliced between generated frames)."""
+    object_weight: float = 0.0
+    """Weight of the object term: the reward loses this times the mean over the objects showing in the real frame
+    of min(centroid distance, 45 px) / 45, a lost object counting 1 (colours read from the frames, as the eval's
+    object error). 0: RLVR-World's -(L1 + LPIPS) alone."""
+    repetition_penalty: float = 0.0
+    """Taken off the reward for each predicted frame that repeats the frame before it (the same codes) while the
+    real frame changed: RLVR-World's repetition failure, read from the real codes."""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=2e-5, prompts_per_step=4, group_size=8, beta=0.0,
                                                                  temperature=1.0, save_every=25))
     """Trainer settings (run_dir, model and max_new_tokens are set by this command)."""
@@ -281,8 +286,11 @@ def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int)
     return out
 
 
-def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: int):
-    """Reward -(L1 + LPIPS) of the decoded predicted frames against the real next frames, mean over the horizon."""
+def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: int, object_weight: float = 0.0,
+                    repetition_penalty: float = 0.0):
+    """Reward -(L1 + LPIPS) of the decoded predicted frames against the real next frames, mean over the horizon,
+    less the object term and the repetition penalty when their weights are set (see RT1RLVRConfig)."""
+    real_codes = [episode_codes(world.frame_tokenizer, e) for e in episodes] if repetition_penalty else None
 
     def reward(completion_ids, episode, t, **_) -> list[dict]:
         results: list[dict | None] = [None] * len(completion_ids)
@@ -302,10 +310,22 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
             pred = pred.reshape(-1, *pred.shape[2:])
             target = np.concatenate(targets)
             l1, lpips = (x.numpy() for x in R.frame_reward_terms(pred, target))
-            per_frame = -(l1 + lpips)
+            objects = R.object_reward_error(pred, target)
+            per_frame = -(l1 + lpips) - object_weight * objects
+            repeats = np.zeros(len(per_frame))
+            if repetition_penalty:
+                for j, i in enumerate(rows):
+                    e, step = episode[i], t[i]
+                    real = real_codes[e][step : step + 1 + horizon]
+                    predicted = np.concatenate([real[:1], codes[j]])
+                    repeats[j * horizon : (j + 1) * horizon] = ((predicted[1:] == predicted[:-1]).all(-1)
+                                                                & (real[1:] != real[:-1]).any(-1))
+                per_frame = per_frame - repetition_penalty * repeats
             for j, i in enumerate(rows):
                 part = slice(j * horizon, (j + 1) * horizon)
-                results[i] = {"score": float(per_frame[part].mean()), "l1": float(l1[part].mean()), "lpips": float(lpips[part].mean())}
+                results[i] = {"score": float(per_frame[part].mean()), "l1": float(l1[part].mean()),
+                              "lpips": float(lpips[part].mean()), "object": float(objects[part].mean()),
+                              "false_repetition": float(repeats[part].mean())}
         return results
 
     return reward
@@ -320,7 +340,7 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     examples = rlvr_examples(world, episodes, config.horizon)
     grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(out), "model": str(lm_dir),
                          "max_new_tokens": R.rollout_length(config.horizon, world.frame_tokens)})
-    reward = frame_reward_fn(world, episodes, config.horizon)
+    reward = frame_reward_fn(world, episodes, config.horizon, config.object_weight, config.repetition_penalty)
     final = train_grpo(grpo, reward, examples, decode=None, allowed_tokens=R.rollout_allowed_tokens(config.horizon, world.frame_tokens))
     if d.is_main:
         world.lm = load_model(final)[0]
