@@ -3,7 +3,8 @@
     rlvr-gym eval rt1 --checkpoint rt1-rlvr --episodes 20 --seed 7
 
 Single-step: predict frame t+1 from the real history up to frame t and action t (teacher forcing).
-Multi-step: predict frames t+1..t+k from the real history up to t, with the real actions spliced in between.
+Multi-step: predict frames t+1..t+k from the real history up to t, with the real actions spliced in between, one
+frame at a time, the context window sliding over the predicted frames as it does in the learned env.
 Every table carries the baselines a world model must beat: copying the last real frame (raw and through the
 tokenizer) and the tokenizer's ceiling (the real next frame encoded and decoded).
 """

@@ -253,7 +253,9 @@ class RT1RLVRConfig:
     out: str = "runs/rt1/rlvr"
     """Run directory; the world model is written to OUT/world_model."""
     horizon: int = 1
-    """Frames predicted per rollout (1: single-step; >1: real actions spliced between generated frames)."""
+    """Frames predicted per rollout (1: single-step; >1: real actions spliced between generated frames). A k-step
+    rollout is one completion, so its prompt grows past `context_steps` by k-1 steps, where eval and the env slide
+    the window instead."""
     object_weight: float = 0.0
     """Weight of the object term: the reward loses this times the mean over the objects showing in the real frame
     of min(centroid distance, 45 px) / 45, a lost object counting 1 (colours read from the frames, as the eval's
