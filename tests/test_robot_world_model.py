@@ -244,6 +244,33 @@ def test_rlvr_scores_multi_step_rollouts_with_the_frame_reward(tiny_world):
     assert RobotWorldModel.load(out).settings.context_steps == 2
 
 
+def test_rollout_prompts_hold_the_models_own_predictions_and_train(tiny_world):
+    from rlvr_gym.train.robot import rlvr_examples, rollout_examples
+
+    root, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    episodes = load_episodes(root / "train")
+    real = {(ex["episode"], ex["t"]): ex for ex in rlvr_examples(world, episodes, 1)}
+    examples = rollout_examples(world, episodes, depth=3, count=12, seed=1)
+    assert len(examples) == 12 and {ex["depth"] for ex in examples} <= {1, 2, 3} and max(ex["depth"] for ex in examples) > 1
+    for ex in examples:
+        start = real[(ex["episode"], ex["t"] - ex["depth"] + 1)]
+        prompt = list(start["prompt_ids"])
+        for k in range(ex["depth"] - 1):  # the same greedy rollout, one env-like step at a time
+            codes, success, _ = world.predict([prompt], k=1)
+            prompt = world.slide(prompt, codes[0, 0], bool(success[0, 0] > 0.5), episodes[ex["episode"]].actions[start["t"] + k + 1])
+        assert ex["prompt_ids"] == prompt and prompt[-R.ACTION_DIM:] == real[(ex["episode"], ex["t"])]["prompt_ids"][-R.ACTION_DIM:]
+        assert ex["last_codes"] == prompt[-R.STEP_TOKENS :][: R.FRAME_TOKENS]
+        if ex["depth"] == 1:
+            assert ex["prompt_ids"] == real[(ex["episode"], ex["t"])]["prompt_ids"]
+    with pytest.raises(ValueError, match="--horizon 1"):
+        run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "bad"), horizon=2, rollout_depth=2))
+    run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr_deep"), rollout_depth=3,
+                               rollout_prompts=8, repetition_penalty=0.1,
+                               grpo=GRPOConfig(steps=1, prompts_per_step=2, group_size=2, temperature=0.5, save_every=1)))
+    assert "reward/false_repetition" in read_log(root / "rlvr_deep")[-1]
+
+
 def test_rlvr_reward_takes_off_the_object_term_and_the_repetition_penalty(tiny_world):
     from rlvr_gym.train.robot import frame_reward_fn, rlvr_examples
 

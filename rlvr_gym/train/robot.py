@@ -263,6 +263,15 @@ class RT1RLVRConfig:
     repetition_penalty: float = 0.0
     """Taken off the reward for each predicted frame that repeats the frame before it (the same codes) while the
     real frame changed: RLVR-World's repetition failure, read from the real codes."""
+    rollout_depth: int = 1
+    """Prompts sit 1..D frames deep into a rollout (drawn evenly): for depth d the model first predicts d-1 frames
+    greedily from the real history under the real actions, sliding its window as the learned env does, and the
+    prompt holds those predictions; the reward still scores the real next frame. 1: real history only. With
+    --horizon 1 only; the contexts are rolled out once, by the starting model, before training."""
+    rollout_prompts: int = 2048
+    """With --rollout-depth > 1: the number of (episode, t) prompts drawn (each needs its rollout)."""
+    seed: int = 0
+    """Draws the rollout prompts."""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=2e-5, prompts_per_step=4, group_size=8, beta=0.0,
                                                                  temperature=1.0, save_every=25))
     """Trainer settings (run_dir, model and max_new_tokens are set by this command)."""
@@ -284,7 +293,39 @@ def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int)
                 "forced": R.rollout_forced_tokens(future, flags[t + 1 : t + 1 + horizon], world.frame_tokens),
                 "episode": index,
                 "t": t,
+                "last_codes": codes[t].tolist(),
             })
+    return out
+
+
+def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int, count: int, seed: int = 0,
+                     batch: int = 64) -> list[dict]:
+    """Single-step prompts `count` (episode, t) pairs drawn at random, each d frames deep into a greedy rollout of
+    the model (d drawn evenly from 1..depth): the frames after t-d+1 in the prompt are the model's predictions, made
+    with the window sliding as in the learned env. "last_codes" is the prompt's last frame (what a repeat copies)."""
+    real = rlvr_examples(world, episodes, 1)
+    rng = np.random.default_rng(seed)
+    picked = [real[i] for i in rng.choice(len(real), size=min(count, len(real)), replace=False)]
+    depths = rng.integers(1, depth + 1, size=len(picked))
+    by_start = {(ex["episode"], ex["t"]): ex for ex in real}
+    out = []
+    for d in range(1, depth + 1):
+        group = [ex for ex, dd in zip(picked, depths) if dd == d]
+        # Start d-1 frames earlier (clipped at the episode's first frame) and predict the frames up to t.
+        starts = [by_start[(ex["episode"], max(0, ex["t"] - d + 1))] for ex in group]
+        for s in range(0, len(group), batch):
+            part, begin = group[s : s + batch], starts[s : s + batch]
+            steps = [ex["t"] - b["t"] for ex, b in zip(part, begin)]
+            prompts = [list(b["prompt_ids"]) for b in begin]
+            last = [b["last_codes"] for b in begin]
+            for k in range(max(steps, default=0)):
+                live = [i for i, n in enumerate(steps) if n > k]
+                codes, success, _ = world.predict([prompts[i] for i in live], k=1)
+                for row, i in enumerate(live):
+                    action = episodes[part[i]["episode"]].actions[begin[i]["t"] + k + 1]
+                    prompts[i] = world.slide(prompts[i], codes[row, 0], bool(success[row, 0] > 0.5), action)
+                    last[i] = codes[row, 0].tolist()
+            out += [{**ex, "prompt_ids": p, "last_codes": c, "depth": n + 1} for ex, p, c, n in zip(part, prompts, last, steps)]
     return out
 
 
@@ -294,7 +335,7 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
     less the object term and the repetition penalty when their weights are set (see RT1RLVRConfig)."""
     real_codes = [episode_codes(world.frame_tokenizer, e) for e in episodes] if repetition_penalty else None
 
-    def reward(completion_ids, episode, t, **_) -> list[dict]:
+    def reward(completion_ids, episode, t, last_codes=None, **_) -> list[dict]:
         results: list[dict | None] = [None] * len(completion_ids)
         codes, targets, starts, firsts, rows = [], [], [], [], []
         for i, (ids, e, step) in enumerate(zip(completion_ids, episode, t)):
@@ -319,7 +360,9 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
                 for j, i in enumerate(rows):
                     e, step = episode[i], t[i]
                     real = real_codes[e][step : step + 1 + horizon]
-                    predicted = np.concatenate([real[:1], codes[j]])
+                    # The frame before the first predicted one is the prompt's last: a real frame, or the model's own.
+                    before = real[:1] if last_codes is None else np.asarray(last_codes[i])[None]
+                    predicted = np.concatenate([before, codes[j]])
                     repeats[j * horizon : (j + 1) * horizon] = ((predicted[1:] == predicted[:-1]).all(-1)
                                                                 & (real[1:] != real[:-1]).any(-1))
                 per_frame = per_frame - repetition_penalty * repeats
@@ -339,7 +382,12 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     world = RobotWorldModel.load(config.model)
     lm_dir = RobotWorldModel.resolve(config.model) / "lm"
     episodes = load_episodes(config.data)
-    examples = rlvr_examples(world, episodes, config.horizon)
+    if config.rollout_depth > 1:
+        if config.horizon != 1 or world.context_frame != "first":
+            raise ValueError("--rollout-depth > 1 needs --horizon 1 and a frame tokenizer conditioned on the first frame")
+        examples = rollout_examples(world, episodes, config.rollout_depth, config.rollout_prompts, config.seed)
+    else:
+        examples = rlvr_examples(world, episodes, config.horizon)
     grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(out), "model": str(lm_dir),
                          "max_new_tokens": R.rollout_length(config.horizon, world.frame_tokens)})
     reward = frame_reward_fn(world, episodes, config.horizon, config.object_weight, config.repetition_penalty)
