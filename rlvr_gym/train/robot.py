@@ -277,12 +277,13 @@ class RT1RLVRConfig:
     """Trainer settings (run_dir, model and max_new_tokens are set by this command)."""
 
 
-def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int) -> list[dict]:
+def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int,
+                  codes_per_episode: list[np.ndarray] | None = None) -> list[dict]:
     """One prompt per (episode, t): the last context steps up to frame t and action t, the next `horizon` real frames."""
     n = world.settings.context_steps
     out = []
     for index, episode in enumerate(episodes):
-        codes = episode_codes(world.frame_tokenizer, episode)
+        codes = episode_codes(world.frame_tokenizer, episode) if codes_per_episode is None else codes_per_episode[index]
         flags = frame_flags(episode)
         for t in range(len(episode.actions) - horizon + 1):
             lo = max(0, t - n + 1)
@@ -299,11 +300,11 @@ def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int)
 
 
 def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int, count: int, seed: int = 0,
-                     batch: int = 64) -> list[dict]:
+                     batch: int = 64, codes_per_episode: list[np.ndarray] | None = None) -> list[dict]:
     """Single-step prompts `count` (episode, t) pairs drawn at random, each d frames deep into a greedy rollout of
     the model (d drawn evenly from 1..depth): the frames after t-d+1 in the prompt are the model's predictions, made
     with the window sliding as in the learned env. "last_codes" is the prompt's last frame (what a repeat copies)."""
-    real = rlvr_examples(world, episodes, 1)
+    real = rlvr_examples(world, episodes, 1, codes_per_episode)
     rng = np.random.default_rng(seed)
     picked = [real[i] for i in rng.choice(len(real), size=min(count, len(real)), replace=False)]
     depths = rng.integers(1, depth + 1, size=len(picked))
@@ -330,10 +331,12 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
 
 
 def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: int, object_weight: float = 0.0,
-                    repetition_penalty: float = 0.0):
+                    repetition_penalty: float = 0.0, codes_per_episode: list[np.ndarray] | None = None):
     """Reward -(L1 + LPIPS) of the decoded predicted frames against the real next frames, mean over the horizon,
     less the object term and the repetition penalty when their weights are set (see RT1RLVRConfig)."""
-    real_codes = [episode_codes(world.frame_tokenizer, e) for e in episodes] if repetition_penalty else None
+    real_codes = codes_per_episode
+    if repetition_penalty and real_codes is None:
+        real_codes = [episode_codes(world.frame_tokenizer, e) for e in episodes]
 
     def reward(completion_ids, episode, t, last_codes=None, **_) -> list[dict]:
         results: list[dict | None] = [None] * len(completion_ids)
@@ -381,16 +384,17 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     out = Path(config.out)
     world = RobotWorldModel.load(config.model)
     lm_dir = RobotWorldModel.resolve(config.model) / "lm"
+    if config.rollout_depth > 1 and (config.horizon != 1 or world.context_frame != "first"):
+        raise ValueError("--rollout-depth > 1 needs --horizon 1 and a frame tokenizer conditioned on the first frame")
     episodes = load_episodes(config.data)
+    codes = [episode_codes(world.frame_tokenizer, e) for e in episodes]
     if config.rollout_depth > 1:
-        if config.horizon != 1 or world.context_frame != "first":
-            raise ValueError("--rollout-depth > 1 needs --horizon 1 and a frame tokenizer conditioned on the first frame")
-        examples = rollout_examples(world, episodes, config.rollout_depth, config.rollout_prompts, config.seed)
+        examples = rollout_examples(world, episodes, config.rollout_depth, config.rollout_prompts, config.seed, codes_per_episode=codes)
     else:
-        examples = rlvr_examples(world, episodes, config.horizon)
+        examples = rlvr_examples(world, episodes, config.horizon, codes)
     grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(out), "model": str(lm_dir),
                          "max_new_tokens": R.rollout_length(config.horizon, world.frame_tokens)})
-    reward = frame_reward_fn(world, episodes, config.horizon, config.object_weight, config.repetition_penalty)
+    reward = frame_reward_fn(world, episodes, config.horizon, config.object_weight, config.repetition_penalty, codes)
     final = train_grpo(grpo, reward, examples, decode=None, allowed_tokens=R.rollout_allowed_tokens(config.horizon, world.frame_tokens))
     if d.is_main:
         world.lm = load_model(final)[0]
