@@ -48,10 +48,14 @@ class QuickstartConfig:
     """Collection seed of those episodes; the RLVR run's episodes use rt1_seed + 1 (neither is used elsewhere)."""
     rlvr_episodes: int = 16
     """Fresh real episodes whose next frames reward the short RLVR run."""
-    rlvr_horizon: int = 3
-    """Frames predicted per RLVR rollout, the real actions spliced in between (the shipped rt1-rlvr used 3)."""
+    rlvr_rollout_depth: int = 4
+    """Prompts up to this many frames deep into rt1-mle's own rollouts, as for the shipped rt1-rlvr."""
+    rlvr_object_weight: float = 0.2
+    """Weight of the reward's object term (the shipped rt1-rlvr's)."""
+    rlvr_repetition_penalty: float = 0.05
+    """Reward taken off a false repetition (the shipped rt1-rlvr's)."""
     rlvr: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=12, lr=3e-5, prompts_per_step=4, group_size=8,
-                                                                beta=0.0, save_every=100))
+                                                                beta=0.0, temperature=0.5, save_every=100))
     """The short GRPO run from rt1-mle (run_dir, model and max_new_tokens are set by the quickstart)."""
     ppo_steps: int = 1024
     """Environment steps of PPO inside the learned simulator (summed over sub-envs)."""
@@ -116,7 +120,10 @@ def world_model_section(config: QuickstartConfig, out: Path) -> Section:
     collect(CollectConfig(out=str(data / "train"), episodes=config.rlvr_episodes, seed=config.rt1_seed + 1, horizon=30))
     collect(CollectConfig(out=str(data / "eval"), episodes=config.rt1_episodes, seed=config.rt1_seed, horizon=30, split="eval"))
     trained = run_rt1_rlvr(RT1RLVRConfig(data=str(data / "train"), model="rt1-mle", out=str(out / "rt1_rlvr"),
-                                         horizon=config.rlvr_horizon, grpo=config.rlvr))
+                                         rollout_depth=config.rlvr_rollout_depth,
+                                         rollout_prompts=config.rlvr.prompts_per_step * config.rlvr.steps,
+                                         object_weight=config.rlvr_object_weight,
+                                         repetition_penalty=config.rlvr_repetition_penalty, grpo=config.rlvr))
     steps = config.rlvr.steps
     names = {"before": "rt1-mle (start)", "after": f"rt1-mle + {steps} GRPO steps (this run)",
              "shipped": "rt1-rlvr (shipped long run)"}
@@ -135,15 +142,16 @@ def world_model_section(config: QuickstartConfig, out: Path) -> Section:
     columns = ["model", "psnr", "lpips", "changed_mse", "object_error_px", "5-step lpips", "5-step repetition"]
     log = [r for r in read_log(out / "rt1_rlvr") if "reward/mean" in r]
     first_reward, last_reward = log[0]["reward/mean"], log[-1]["reward/mean"]
-    curve = plot_curves({"this run": out / "rt1_rlvr"}, ["reward/mean", "reward/lpips", "reward/l1"], out / "rt1_rlvr_reward.png",
-                        title=f"GRPO on -(L1 + LPIPS), {config.rlvr_horizon}-step rollouts from rt1-mle "
-                              f"(sampled at temperature {config.rlvr.temperature:g})")
+    curve = plot_curves({"this run": out / "rt1_rlvr"}, ["reward/mean", "reward/lpips", "reward/l1", "reward/object"],
+                        out / "rt1_rlvr_reward.png",
+                        title=f"GRPO from rt1-mle, single-frame rollouts (sampled at temperature {config.rlvr.temperature:g})")
     gif = rollout_gif(worlds, max(episodes, key=len), 12, out / "rt1_rollouts.gif")
     body = (
         f"GRPO from the shipped `rt1-mle` for {steps} steps ({config.rlvr.prompts_per_step} prompts x "
-        f"{config.rlvr.group_size} rollouts of {config.rlvr_horizon} frames, real actions spliced in) on "
-        f"{config.rlvr_episodes} fresh real episodes, rewarded by -(L1 + LPIPS) of the decoded frames against the real "
-        f"ones. The mean reward ({first_reward:.4f} at step 1, {last_reward:.4f} at step {log[-1]['step']}) is "
+        f"{config.rlvr.group_size} single-frame rollouts, the prompts up to {config.rlvr_rollout_depth} frames deep into "
+        f"rt1-mle's own rollouts) on {config.rlvr_episodes} fresh real episodes, the shipped rt1-rlvr's recipe: reward "
+        f"-(L1 + LPIPS) of the decoded frame against the real one, less {config.rlvr_object_weight:g} x the object "
+        f"term and {config.rlvr_repetition_penalty:g} per false repetition. The mean reward ({first_reward:.4f} at step 1, {last_reward:.4f} at step {log[-1]['step']}) is "
         f"sampled on different prompts each step, so it is noisy:\n\n![reward]({curve.name})\n\n"
         f"Scored greedily on {len(episodes)} other fresh episodes (seed {config.rt1_seed}): single-step predictions from the "
         "real history, and 5-step rollouts with the real actions spliced between generated frames. `changed_mse` is the "
