@@ -221,7 +221,7 @@ def test_a_16x16_token_tokenizer_carries_through_mle_rollouts_and_rlvr(tiny_worl
     assert world.decode_rollout(predicted, episode.frames[1:2], episode.frames[:1]).shape == (1, 3, 64, 64, 3)
     with pytest.raises(ValueError, match=r"\(N, k, 256\)"):
         world.decode_rollout(predicted[..., :64], episode.frames[1:2], episode.frames[:1])
-    out = run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr16"), horizon=2,
+    out = run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr16"), horizon=2, rollout_depth=1,
                                      grpo=GRPOConfig(steps=1, prompts_per_step=2, group_size=2, save_every=1)))
     log = [r for r in read_log(root / "rlvr16") if "reward/mean" in r]
     assert log[0]["reward/parse_failure_rate"] == 0 and RobotWorldModel.load(out).frame_tokens == 256
@@ -235,7 +235,7 @@ def test_a_16x16_token_tokenizer_carries_through_mle_rollouts_and_rlvr(tiny_worl
 
 def test_rlvr_scores_multi_step_rollouts_with_the_frame_reward(tiny_world):
     root, world_dir = tiny_world
-    out = run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr"), horizon=2,
+    out = run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr"), horizon=2, rollout_depth=1,
                                      grpo=GRPOConfig(steps=2, prompts_per_step=2, group_size=3, beta=0.01, save_every=2)))
     log = [r for r in read_log(root / "rlvr") if "reward/mean" in r]
     assert len(log) == 2

@@ -127,7 +127,7 @@ def rt1_rows(config: ExportConfig) -> list[dict]:
     for index, episode in enumerate(read_episodes(config.data or DEFAULT_DATA["rt1"])):
         codes, flags = episode_codes(world.frame_tokenizer, episode), frame_flags(episode)
         context = encode_frame(episode.frames[0])
-        for example in rlvr_examples(world, [episode], horizon=1):
+        for example in rlvr_examples(world, [episode], horizon=1, codes_per_episode=[codes]):
             t = example["t"]
             rows.append({
                 "prompt": rt1_token_text(example["prompt_ids"]), "prompt_ids": example["prompt_ids"],

@@ -256,25 +256,26 @@ class RT1RLVRConfig:
     """Frames predicted per rollout (1: single-step; >1: real actions spliced between generated frames). A k-step
     rollout is one completion, so its prompt grows past `context_steps` by k-1 steps, where eval and the env slide
     the window instead."""
-    object_weight: float = 0.0
+    object_weight: float = 0.2
     """Weight of the object term: the reward loses this times the mean over the objects showing in the real frame
     of min(centroid distance, 45 px) / 45, a lost object counting 1 (colours read from the frames, as the eval's
-    object error). 0: RLVR-World's -(L1 + LPIPS) alone."""
-    repetition_penalty: float = 0.0
+    object error). 0 (with no repetition penalty): RLVR-World's -(L1 + LPIPS) alone."""
+    repetition_penalty: float = 0.05
     """Taken off the reward for each predicted frame that repeats the frame before it (the same codes) while the
     real frame changed: RLVR-World's repetition failure, read from the real codes."""
-    rollout_depth: int = 1
+    rollout_depth: int = 4
     """Prompts sit 1..D frames deep into a rollout (drawn evenly): for depth d the model first predicts d-1 frames
     greedily from the real history under the real actions, sliding its window as the learned env does, and the
-    prompt holds those predictions; the reward still scores the real next frame. 1: real history only. With
-    --horizon 1 only; the contexts are rolled out once, by the starting model, before training."""
+    prompt holds those predictions; the reward still scores the real next frame. 1: real history only (needed for
+    --horizon > 1). The contexts are rolled out once, by the starting model, before training."""
     rollout_prompts: int = 2048
     """With --rollout-depth > 1: the number of (episode, t) prompts drawn (each needs its rollout)."""
     seed: int = 0
     """Draws the rollout prompts."""
-    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=2e-5, prompts_per_step=4, group_size=8, beta=0.0,
-                                                                 temperature=1.0, save_every=25))
-    """Trainer settings (run_dir, model and max_new_tokens are set by this command)."""
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=3e-5, prompts_per_step=4, group_size=8, beta=0.0,
+                                                                 temperature=0.5, save_every=10))
+    """Trainer settings (run_dir, model and max_new_tokens are set by this command). At temperature 1 the samples
+    almost never repeat a frame, so the repetition penalty would never fire; the defaults are the shipped rt1-rlvr's."""
 
 
 def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int,
@@ -385,7 +386,8 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     world = RobotWorldModel.load(config.model)
     lm_dir = RobotWorldModel.resolve(config.model) / "lm"
     if config.rollout_depth > 1 and (config.horizon != 1 or world.context_frame != "first"):
-        raise ValueError("--rollout-depth > 1 needs --horizon 1 and a frame tokenizer conditioned on the first frame")
+        raise ValueError("--rollout-depth > 1 needs --horizon 1 and a frame tokenizer conditioned on the first frame "
+                         "(pass --rollout-depth 1 for multi-frame rollouts from real history)")
     episodes = load_episodes(config.data)
     codes = [episode_codes(world.frame_tokenizer, e) for e in episodes]
     if config.rollout_depth > 1:
