@@ -1,4 +1,4 @@
-"""Robot video domain: RT-1 action binning and frame metrics.
+"""Robot video domain: RT-1 action binning, frame metrics, object positions read from the frames, token layout.
 
 Frames come either as the real env renders them, (N, H, W, 3) uint8, or as a decoder emits them,
 (N, 3, H, W) float in [0, 1]; numpy arrays and torch tensors both work. Every metric is computed on
