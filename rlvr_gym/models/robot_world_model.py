@@ -23,7 +23,6 @@ from rlvr_gym.models.lm import SHIPPED_DIR, CheckpointError, load_model, resolve
 from rlvr_gym.models.sampler import SamplingConfig, sample
 
 
-
 def layout(frame_tokens: int) -> dict[str, int]:
     """The token layout a world model's transformer was trained with; the tokenizer sets the tokens per frame."""
     return {"codebook_size": R.CODEBOOK_SIZE, "frame_tokens": frame_tokens, "vocab_size": R.VOCAB_SIZE}
@@ -148,7 +147,8 @@ class RobotWorldModel:
         return self.frame_tokenizer.config.context_frame
 
     def decode_rollout(self, codes: np.ndarray, start: np.ndarray, first: np.ndarray) -> np.ndarray:
-        """Codes (N, k, frame_tokens) of k frames predicted from the real frames `start` (N, 64, 64, 3) -> frames (N, k, ...).
+        """Codes (N, k, frame_tokens) of k frames predicted from the real frames `start` (N, 64, 64, 3) -> frames
+        (N, k, 64, 64, 3).
 
         A tokenizer conditioned on the episode's `first` frame decodes them all against it; one conditioned on the
         previous frame decodes them in order, each against the one decoded before (the first against `start`).
@@ -194,13 +194,15 @@ class RobotWorldModel:
         One frame at a time: each predicted frame, its predicted flag and the next real action join the prompt and
         the oldest step leaves it, exactly as the learned env steps, so a rollout never sees a longer context than
         the model was trained on. Rows are prompt-major (prompt i's samples are rows i*num_samples ...).
-        Returns codes (rows, k, frame_tokens) (-1 from an unparsable frame on), success probabilities (rows, k) and per-row
-        errors (the first one met).
+        Returns codes (rows, k, frame_tokens) (-1 from an unparsable frame on), success probabilities (rows, k) and
+        per-row errors (the first one met).
         """
         if k > 1 and (future_actions is None or len(future_actions) != len(prompts)):
             raise ValueError(f"a {k}-step rollout needs {k - 1} future actions for each of the {len(prompts)} prompts")
         sampling = sampling or SamplingConfig(temperature=0.0)
-        sampling = SamplingConfig(R.rollout_length(1, self.frame_tokens), sampling.temperature, sampling.top_k, sampling.top_p, ())
+        sampling = SamplingConfig(R.rollout_length(1, self.frame_tokens), sampling.temperature, sampling.top_k,
+                                  sampling.top_p, ())
+        allowed = R.rollout_allowed_tokens(1, self.frame_tokens)
         rows = len(prompts) * num_samples
         codes = np.full((rows, k, self.frame_tokens), -1, dtype=np.int64)
         success = np.zeros((rows, k), dtype=np.float32)
@@ -209,7 +211,7 @@ class RobotWorldModel:
         for step in range(k):
             rollout = sample(
                 self.lm, current, sampling, num_samples=num_samples if step == 0 else 1, pad_token_id=R.PAD,
-                generator=generator, track_token_ids=(R.FLAG_RUNNING, R.FLAG_SUCCESS), allowed_tokens=R.rollout_allowed_tokens(1, self.frame_tokens),
+                generator=generator, track_token_ids=(R.FLAG_RUNNING, R.FLAG_SUCCESS), allowed_tokens=allowed,
             )
             tracked = rollout.tracked_probs[:, self.frame_tokens]  # the flag's (rows, 2)
             success[:, step] = (tracked[:, 1] / tracked.sum(-1).clamp(min=1e-9)).numpy()
@@ -225,6 +227,9 @@ class RobotWorldModel:
                 if step < k - 1:
                     # After an unparsable frame (the layout mask makes it unreachable for a sane model) the row goes
                     # on from its last frame repeated; its codes stay -1 from there.
-                    frame, flag = (frames[0], bool(flags[0])) if frames is not None else (current[i][-self.step_tokens :][: self.frame_tokens], False)
+                    if frames is not None:
+                        frame, flag = frames[0], bool(flags[0])
+                    else:
+                        frame, flag = current[i][-self.step_tokens :][: self.frame_tokens], False
                     current[i] = self.slide(current[i], frame, flag, future_actions[i // num_samples][step])
         return codes, success, errors
