@@ -63,11 +63,18 @@ class RobotWorldModel:
                 f"tokenizer/transformer mismatch: the frame tokenizer has {tok_config.codebook_size} codes, "
                 f"the transformer expects {R.CODEBOOK_SIZE}"
             )
-        self.frame_tokens = tok_config.tokens_per_side**2
-        self.step_tokens = R.step_length(self.frame_tokens)
         self.lm = lm.eval()
         self.frame_tokenizer = frame_tokenizer.eval()
         self.settings = settings
+
+    @property
+    def frame_tokens(self) -> int:
+        """Codes per frame, the tokenizer's grid (8x8 for the shipped models)."""
+        return self.frame_tokenizer.config.tokens_per_side**2
+
+    @property
+    def step_tokens(self) -> int:
+        return R.step_length(self.frame_tokens)
 
     @staticmethod
     def resolve(name_or_dir: str | os.PathLike) -> Path:

@@ -304,30 +304,28 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
                      batch: int = 64, codes_per_episode: list[np.ndarray] | None = None) -> list[dict]:
     """Single-step prompts `count` (episode, t) pairs drawn at random, each d frames deep into a greedy rollout of
     the model (d drawn evenly from 1..depth): the frames after t-d+1 in the prompt are the model's predictions, made
-    with the window sliding as in the learned env. "last_codes" is the prompt's last frame (what a repeat copies)."""
-    real = rlvr_examples(world, episodes, 1, codes_per_episode)
+    by `world.predict` with the window sliding as in the learned env. "last_codes" is the prompt's last frame (what a
+    repeat copies)."""
+    codes = codes_per_episode or [episode_codes(world.frame_tokenizer, e) for e in episodes]
+    real = rlvr_examples(world, episodes, 1, codes)
     rng = np.random.default_rng(seed)
     picked = [real[i] for i in rng.choice(len(real), size=min(count, len(real)), replace=False)]
-    depths = rng.integers(1, depth + 1, size=len(picked))
-    by_start = {(ex["episode"], ex["t"]): ex for ex in real}
-    out = []
-    for d in range(1, depth + 1):
-        group = [ex for ex, dd in zip(picked, depths) if dd == d]
-        # Start d-1 frames earlier (clipped at the episode's first frame) and predict the frames up to t.
-        starts = [by_start[(ex["episode"], max(0, ex["t"] - d + 1))] for ex in group]
+    # Frames predicted before each prompt: depth - 1, clipped at the episode's first frame.
+    predicted = [min(int(d) - 1, ex["t"]) for ex, d in zip(picked, rng.integers(1, depth + 1, size=len(picked)))]
+    out = [{**ex, "depth": 1} for ex, n in zip(picked, predicted) if n == 0]
+    for n in range(1, depth):
+        group = [ex for ex, m in zip(picked, predicted) if m == n]
         for s in range(0, len(group), batch):
-            part, begin = group[s : s + batch], starts[s : s + batch]
-            steps = [ex["t"] - b["t"] for ex, b in zip(part, begin)]
-            prompts = [list(b["prompt_ids"]) for b in begin]
-            last = [b["last_codes"] for b in begin]
-            for k in range(max(steps, default=0)):
-                live = [i for i, n in enumerate(steps) if n > k]
-                codes, success, _ = world.predict([prompts[i] for i in live], k=1)
-                for row, i in enumerate(live):
-                    action = episodes[part[i]["episode"]].actions[begin[i]["t"] + k + 1]
-                    prompts[i] = world.slide(prompts[i], codes[row, 0], bool(success[row, 0] > 0.5), action)
-                    last[i] = codes[row, 0].tolist()
-            out += [{**ex, "prompt_ids": p, "last_codes": c, "depth": n + 1} for ex, p, c, n in zip(part, prompts, last, steps)]
+            part = group[s : s + batch]
+            begins = [(ex["episode"], ex["t"] - n) for ex in part]
+            prompts = [world.prompt(codes[e][: b + 1], frame_flags(episodes[e])[: b + 1], episodes[e].actions[: b + 1]) for e, b in begins]
+            future = [episodes[e].actions[b + 1 : b + n] for e, b in begins]
+            rolled, success, _ = world.predict(prompts, k=n, future_actions=future)
+            for ex, (e, b), frames, probs in zip(part, begins, rolled, success):
+                history = list(codes[e][: b + 1]) + list(frames)
+                flags = list(frame_flags(episodes[e])[: b + 1]) + [bool(p > 0.5) for p in probs]
+                prompt = world.prompt(history, flags, episodes[e].actions[: ex["t"] + 1])
+                out.append({**ex, "prompt_ids": prompt, "last_codes": frames[-1].tolist(), "depth": n + 1})
     return out
 
 
