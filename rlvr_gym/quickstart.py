@@ -48,15 +48,10 @@ class QuickstartConfig:
     """Collection seed of those episodes; the RLVR run's episodes use rt1_seed + 1 (neither is used elsewhere)."""
     rlvr_episodes: int = 16
     """Fresh real episodes whose next frames reward the short RLVR run."""
-    rlvr_rollout_depth: int = 4
-    """Prompts up to this many frames deep into rt1-mle's own rollouts, as for the shipped rt1-rlvr."""
-    rlvr_object_weight: float = 0.2
-    """Weight of the reward's object term (the shipped rt1-rlvr's)."""
-    rlvr_repetition_penalty: float = 0.05
-    """Reward taken off a false repetition (the shipped rt1-rlvr's)."""
     rlvr: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=12, lr=3e-5, prompts_per_step=4, group_size=8,
                                                                 beta=0.0, temperature=0.5, save_every=100))
-    """The short GRPO run from rt1-mle (run_dir, model and max_new_tokens are set by the quickstart)."""
+    """The short GRPO run from rt1-mle (run_dir, model and max_new_tokens are set by the quickstart); the reward and
+    prompts are `train rt1-rlvr`'s defaults, the shipped rt1-rlvr's recipe."""
     ppo_steps: int = 1024
     """Environment steps of PPO inside the learned simulator (summed over sub-envs)."""
     ppo_envs: int = 16
@@ -119,11 +114,9 @@ def world_model_section(config: QuickstartConfig, out: Path) -> Section:
     data = out / "episodes"
     collect(CollectConfig(out=str(data / "train"), episodes=config.rlvr_episodes, seed=config.rt1_seed + 1, horizon=30))
     collect(CollectConfig(out=str(data / "eval"), episodes=config.rt1_episodes, seed=config.rt1_seed, horizon=30, split="eval"))
-    trained = run_rt1_rlvr(RT1RLVRConfig(data=str(data / "train"), model="rt1-mle", out=str(out / "rt1_rlvr"),
-                                         rollout_depth=config.rlvr_rollout_depth,
-                                         rollout_prompts=config.rlvr.prompts_per_step * config.rlvr.steps,
-                                         object_weight=config.rlvr_object_weight,
-                                         repetition_penalty=config.rlvr_repetition_penalty, grpo=config.rlvr))
+    recipe = RT1RLVRConfig(data=str(data / "train"), model="rt1-mle", out=str(out / "rt1_rlvr"),
+                           rollout_prompts=config.rlvr.prompts_per_step * config.rlvr.steps, grpo=config.rlvr)
+    trained = run_rt1_rlvr(recipe)
     steps = config.rlvr.steps
     names = {"before": "rt1-mle (start)", "after": f"rt1-mle + {steps} GRPO steps (this run)",
              "shipped": "rt1-rlvr (shipped long run)"}
@@ -148,10 +141,11 @@ def world_model_section(config: QuickstartConfig, out: Path) -> Section:
     gif = rollout_gif(worlds, max(episodes, key=len), 12, out / "rt1_rollouts.gif")
     body = (
         f"GRPO from the shipped `rt1-mle` for {steps} steps ({config.rlvr.prompts_per_step} prompts x "
-        f"{config.rlvr.group_size} single-frame rollouts, the prompts up to {config.rlvr_rollout_depth} frames deep into "
+        f"{config.rlvr.group_size} single-frame rollouts, the prompts up to {recipe.rollout_depth} frames deep into "
         f"rt1-mle's own rollouts) on {config.rlvr_episodes} fresh real episodes, the shipped rt1-rlvr's recipe: reward "
-        f"-(L1 + LPIPS) of the decoded frame against the real one, less {config.rlvr_object_weight:g} x the object "
-        f"term and {config.rlvr_repetition_penalty:g} per false repetition. The mean reward ({first_reward:.4f} at step 1, {last_reward:.4f} at step {log[-1]['step']}) is "
+        f"-(L1 + LPIPS) of the decoded frame against the real one, less {recipe.object_weight:g} x the object "
+        f"term and {recipe.repetition_penalty:g} per false repetition. The mean reward ({first_reward:.4f} at step 1, "
+        f"{last_reward:.4f} at step {log[-1]['step']}) is "
         f"sampled on different prompts each step, so it is noisy:\n\n![reward]({curve.name})\n\n"
         f"Scored greedily on {len(episodes)} other fresh episodes (seed {config.rt1_seed}): single-step predictions from the "
         "real history, and 5-step rollouts with the real actions spliced between generated frames. `changed_mse` is the "
