@@ -48,10 +48,10 @@ class QuickstartConfig:
     """Collection seed of those episodes; the RLVR run's episodes use rt1_seed + 1 (neither is used elsewhere)."""
     rlvr_episodes: int = 16
     """Fresh real episodes whose next frames reward the short RLVR run."""
-    rlvr: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=12, lr=3e-5, prompts_per_step=4, group_size=8,
+    rlvr: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=12, lr=5e-5, prompts_per_step=4, group_size=8,
                                                                 beta=0.0, temperature=0.5, save_every=100))
     """The short GRPO run from rt1-mle (run_dir, model and max_new_tokens are set by the quickstart); the reward and
-    prompts are `train rt1-rlvr`'s defaults, the shipped rt1-rlvr's recipe."""
+    prompts are `train rt1-rlvr`'s defaults, the shipped rt1-rlvr's recipe, at half its 8 prompts per step."""
     ppo_steps: int = 1024
     """Environment steps of PPO inside the learned simulator (summed over sub-envs)."""
     ppo_envs: int = 16

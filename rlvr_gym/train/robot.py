@@ -256,11 +256,11 @@ class RT1RLVRConfig:
     """Frames predicted per rollout (1: single-step; >1: real actions spliced between generated frames). A k-step
     rollout is one completion, so its prompt grows past `context_steps` by k-1 steps, where eval and the env slide
     the window instead."""
-    object_weight: float = 0.2
+    object_weight: float = 0.5
     """Weight of the object term: the reward loses this times the mean over the objects showing in the real frame
     of min(centroid distance, 45 px) / 45, a lost object counting 1 (colours read from the frames, as the eval's
     object error). 0 (with no repetition penalty): RLVR-World's -(L1 + LPIPS) alone."""
-    repetition_penalty: float = 0.05
+    repetition_penalty: float = 0.15
     """Taken off the reward for each predicted frame that repeats the frame before it (the same codes) while the
     real frame changed: RLVR-World's repetition failure, read from the real codes."""
     rollout_depth: int = 4
@@ -272,7 +272,7 @@ class RT1RLVRConfig:
     """With --rollout-depth > 1: the number of (episode, t) prompts drawn (each needs its rollout)."""
     seed: int = 0
     """Draws the rollout prompts."""
-    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=3e-5, prompts_per_step=4, group_size=8, beta=0.0,
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=5e-5, prompts_per_step=8, group_size=8, beta=0.0,
                                                                  temperature=0.5, save_every=10))
     """Trainer settings (run_dir, model and max_new_tokens are set by this command). At temperature 1 the samples
     almost never repeat a frame, so the repetition penalty would never fire; the defaults are the shipped rt1-rlvr's."""
