@@ -275,7 +275,8 @@ class RT1RLVRConfig:
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=5e-5, prompts_per_step=8, group_size=8, beta=0.0,
                                                                  temperature=0.5, save_every=10))
     """Trainer settings (run_dir, model and max_new_tokens are set by this command). At temperature 1 the samples
-    almost never repeat a frame, so the repetition penalty would never fire; the defaults are the shipped rt1-rlvr's."""
+    almost never repeat a frame, so the repetition penalty would never fire; the defaults are the shipped rt1-rlvr's
+    (one process: prompts_per_step counts per process, so under two give 4 each)."""
 
 
 def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int,
