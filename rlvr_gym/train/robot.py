@@ -308,6 +308,7 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
     by `world.predict` with the window sliding as in the learned env. "last_codes" is the prompt's last frame (what a
     repeat copies)."""
     codes = codes_per_episode or [episode_codes(world.frame_tokenizer, e) for e in episodes]
+    flags = [frame_flags(e) for e in episodes]
     real = rlvr_examples(world, episodes, 1, codes)
     rng = np.random.default_rng(seed)
     picked = [real[i] for i in rng.choice(len(real), size=min(count, len(real)), replace=False)]
@@ -319,13 +320,13 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
         for s in range(0, len(group), batch):
             part = group[s : s + batch]
             begins = [(ex["episode"], ex["t"] - n) for ex in part]
-            prompts = [world.prompt(codes[e][: b + 1], frame_flags(episodes[e])[: b + 1], episodes[e].actions[: b + 1]) for e, b in begins]
+            prompts = [world.prompt(codes[e][: b + 1], flags[e][: b + 1], episodes[e].actions[: b + 1]) for e, b in begins]
             future = [episodes[e].actions[b + 1 : b + n] for e, b in begins]
             rolled, success, _ = world.predict(prompts, k=n, future_actions=future)
             for ex, (e, b), frames, probs in zip(part, begins, rolled, success):
                 history = list(codes[e][: b + 1]) + list(frames)
-                flags = list(frame_flags(episodes[e])[: b + 1]) + [bool(p > 0.5) for p in probs]
-                prompt = world.prompt(history, flags, episodes[e].actions[: ex["t"] + 1])
+                history_flags = list(flags[e][: b + 1]) + [bool(p > 0.5) for p in probs]
+                prompt = world.prompt(history, history_flags, episodes[e].actions[: ex["t"] + 1])
                 out.append({**ex, "prompt_ids": prompt, "last_codes": frames[-1].tolist(), "depth": n + 1})
     return out
 
