@@ -90,6 +90,23 @@ def test_mle_examples_mask_actions_out_of_the_loss():
     assert first["target_ids"][-1] == R.FLAG_RUNNING and examples[2]["target_ids"][-1] == R.FLAG_SUCCESS
 
 
+def test_mle_examples_weigh_the_codes_that_changed_since_the_frame_before():
+    episode = type("E", (), {})()
+    episode.success = np.array([False, False])
+    episode.actions = np.zeros((2, 7), np.float32)
+    codes = np.zeros((3, 64), np.int64)
+    codes[1, [5, 9]] = 7  # frame 1 changes two codes; frame 2 changes them back and one more
+    codes[2, 20] = 3
+    first = mle_examples(codes, episode, window=3, changed_weight=4.0)[0]
+    mask = np.asarray(first["target_mask"])
+    step = R.STEP_TOKENS
+    assert set(np.flatnonzero(mask[:step] == 4.0)) == {5, 9}
+    assert set(np.flatnonzero(mask[step:] == 4.0)) == {5, 9, 20}
+    assert (mask[:step][R.FRAME_TOKENS + 1 :] == 0).all()  # actions stay out of the loss
+    plain = mle_examples(codes, episode, window=3)[0]["target_mask"]
+    assert sorted(set(plain)) == [0.0, 1.0]
+
+
 @pytest.fixture(scope="module")
 def tiny_world(tmp_path_factory):
     root = tmp_path_factory.mktemp("rt1")

@@ -11,7 +11,7 @@ def pack_batch(
     prompts: Sequence[Sequence[int]],
     completions: Sequence[Sequence[int]],
     pad_token_id: int,
-    loss_masks: Sequence[Sequence[bool]] | None = None,
+    loss_masks: Sequence[Sequence[float]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Left-padded prompts followed by right-padded completions, so every completion starts at the same column.
 

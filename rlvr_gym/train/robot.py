@@ -176,8 +176,9 @@ def frame_flags(episode: Episode) -> np.ndarray:
     return np.concatenate([[False], episode.success.astype(bool)])
 
 
-def mle_examples(codes: np.ndarray, episode: Episode, window: int) -> list[dict]:
-    """Windows of `window` frames: the first step is the prompt, the rest the target (actions masked out)."""
+def mle_examples(codes: np.ndarray, episode: Episode, window: int, changed_weight: float = 1.0) -> list[dict]:
+    """Windows of `window` frames: the first step is the prompt, the rest the target (actions masked out). Frame
+    codes that differ from the same position in the frame before weigh `changed_weight` in the loss (1: plain MLE)."""
     flags = frame_flags(episode)
     # The last frame has no action; any action token there is masked from the loss, so pad with zeros.
     actions = np.concatenate([episode.actions, np.zeros((1, R.ACTION_DIM), np.float32)])
@@ -189,7 +190,12 @@ def mle_examples(codes: np.ndarray, episode: Episode, window: int) -> list[dict]
         tokens = R.window_tokens(codes[start:end], flags[start:end], actions[start:end])
         prompt_len = 1 + step
         target = tokens[prompt_len:-R.ACTION_DIM]  # ends with the last frame's flag
-        mask = [(i % step) < frame_tokens + 1 for i in range(len(target))]
+        mask = [float((i % step) < frame_tokens + 1) for i in range(len(target))]
+        if changed_weight != 1.0:
+            for j in range(start + 1, end):
+                changed = np.flatnonzero(codes[j] != codes[j - 1])
+                for pos in (j - start - 1) * step + changed:
+                    mask[pos] = changed_weight
         out.append({"prompt_ids": tokens[:prompt_len], "target_ids": target, "target_mask": mask})
     return out
 
@@ -211,6 +217,10 @@ class RT1MLEConfig:
     """Frames per training sequence (1 prompt frame + window-1 predicted)."""
     context_steps: int = 2
     """Past steps the world model sees when it predicts (rollouts slide this window)."""
+    changed_weight: float = 1.0
+    """Loss weight of the frame codes that differ from the frame before (about a quarter of them: the gripper and
+    what it moves); the static rest is learned first and otherwise dominates the loss. The held-out loss stays
+    unweighted."""
     size: LlamaSize = field(default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=4, intermediate_size=512, max_positions=1024))
     """Transformer shape (trained from scratch)."""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=3000, lr=1e-3, batch_size=16, micro_batch=16, save_every=200, warmup_steps=100))
@@ -229,7 +239,8 @@ def run_rt1_mle(config: RT1MLEConfig) -> Path:
     RUN.barrier(d)
     train_episodes = load_episodes(config.data)
     held_episodes = load_episodes(config.heldout) if config.heldout else []
-    examples = [ex for e in train_episodes for ex in mle_examples(episode_codes(frame_tokenizer, e), e, config.window)]
+    examples = [ex for e in train_episodes
+                for ex in mle_examples(episode_codes(frame_tokenizer, e), e, config.window, config.changed_weight)]
     held = [ex for e in held_episodes for ex in mle_examples(episode_codes(frame_tokenizer, e), e, config.window)]
     sft = SFTConfig(**{**vars(config.sft), "run_dir": str(out), "model": str(init)})
     lm_dir = train_sft(sft, examples, eval_examples=held)

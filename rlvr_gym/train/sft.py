@@ -1,8 +1,9 @@
 """Maximum-likelihood training (SFT / MLE) on (prompt, target) token pairs, with the run conventions of GRPO.
 
 Examples are dicts with "prompt_ids" and "target_ids" (the target should end with the stop token the sampler
-will stop on), and optionally "target_mask" (one bool per target token: False leaves it out of the loss, e.g. the
-actions inside a video world model's target); the loss is the mean negative log-likelihood of the target tokens.
+will stop on), and optionally "target_mask" (one bool or weight per target token: False or 0 leaves it out of the
+loss, e.g. the actions inside a video world model's target); the loss is the weighted mean negative log-likelihood
+of the target tokens.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def heldout_loss(model: torch.nn.Module, examples: Sequence[dict], pad_id: int, 
     return total / max(count, 1.0)
 
 
-def target_masks(examples: Sequence[dict]) -> list[list[bool]]:
+def target_masks(examples: Sequence[dict]) -> list[list[float]]:
     return [e.get("target_mask") or [True] * len(e["target_ids"]) for e in examples]
 
 
