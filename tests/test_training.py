@@ -17,7 +17,8 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama, context_
 from rlvr_gym.train.demo import DemoConfig, char_tokenizer, make_examples, run_demo
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
 from rlvr_gym.train.run import read_log
-from rlvr_gym.train.sft import SFTConfig, train_sft
+from rlvr_gym.train.batch import pack_batch, token_logprobs
+from rlvr_gym.train.sft import SFTConfig, heldout_loss, target_masks, train_sft
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_DEMO = ["--train-examples", "400", "--eval-examples", "40", "--sft.steps", "20", "--sft.save-every", "10",
@@ -75,6 +76,22 @@ def test_sft_step_is_the_same_whatever_the_micro_batch(tmp_path, init_model):
         assert loss == pytest.approx(losses[0], rel=1e-5)
         for name, weight in finals[0].items():
             torch.testing.assert_close(other[name], weight, rtol=1e-4, atol=1e-6)
+
+
+def test_sft_target_weights_make_a_weighted_mean_of_the_token_losses(init_model):
+    model, tokenizer = load_model(init_model)
+    data = make_examples(4, 0, 2, 8, char_tokenizer())
+    weighted = [{**e, "target_mask": [2.0] + [1.0] * (len(e["target_ids"]) - 2) + [0.0]} for e in data]
+    batch = pack_batch([e["prompt_ids"] for e in data], [e["target_ids"] for e in data], tokenizer.pad_token_id,
+                       target_masks(data))
+    with torch.no_grad():
+        logp, _ = token_logprobs(model.eval(), batch)
+    weights = pack_batch([e["prompt_ids"] for e in data], [e["target_ids"] for e in data], tokenizer.pad_token_id,
+                         target_masks(weighted))["loss_mask"]
+    expected = float(-(logp * weights).sum() / weights.sum())
+    assert heldout_loss(model, weighted, tokenizer.pad_token_id, torch.device("cpu"), 2) == pytest.approx(expected, rel=1e-5)
+    assert heldout_loss(model, weighted, tokenizer.pad_token_id, torch.device("cpu"), 2) != pytest.approx(
+        heldout_loss(model, data, tokenizer.pad_token_id, torch.device("cpu"), 2), rel=1e-4)
 
 
 def test_a_time_limit_stops_with_a_checkpoint_and_resume_finishes(tmp_path, init_model):
