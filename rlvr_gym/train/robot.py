@@ -190,13 +190,11 @@ def mle_examples(codes: np.ndarray, episode: Episode, window: int, changed_weigh
         tokens = R.window_tokens(codes[start:end], flags[start:end], actions[start:end])
         prompt_len = 1 + step
         target = tokens[prompt_len:-R.ACTION_DIM]  # ends with the last frame's flag
-        mask = [float((i % step) < frame_tokens + 1) for i in range(len(target))]
-        if changed_weight != 1.0:
-            for j in range(start + 1, end):
-                changed = np.flatnonzero(codes[j] != codes[j - 1])
-                for pos in (j - start - 1) * step + changed:
-                    mask[pos] = changed_weight
-        out.append({"prompt_ids": tokens[:prompt_len], "target_ids": target, "target_mask": mask})
+        mask = np.array([(i % step) < frame_tokens + 1 for i in range(len(target))], dtype=float)
+        for j in range(start + 1, end):
+            frame = mask[(j - start - 1) * step :][:frame_tokens]  # a view: writes land in mask
+            frame[codes[j] != codes[j - 1]] = changed_weight
+        out.append({"prompt_ids": tokens[:prompt_len], "target_ids": target, "target_mask": mask.tolist()})
     return out
 
 
