@@ -357,6 +357,10 @@ def test_object_centroids_are_read_from_the_frame_colours():
     assert object_position_error(moved, moved, frame) == 0.0
     assert np.isnan(object_position_error(frame, frame, frame)), "nothing moved: no motion to score"
     assert np.isnan(object_position_error(frame, moved, frame, min_target_pixels=5)), "4 pixels showing: not whole"
+    lost = moved.copy()
+    lost[0, 13:15, 24:26] = 230
+    assert np.isnan(R.moved_object_distances(lost, moved, frame)).tolist() == [True], "the red cube is lost"
+    assert object_position_error(lost, moved, frame) == R.LOST_OBJECT_PX
     # The reward's object term scores every object showing in the real frame, moved or not, in [0, 1].
     assert R.object_reward_error(moved, moved).tolist() == [0.0]
     assert R.object_reward_error(frame, moved) == pytest.approx([(5.0 / 45 + 0) / 2])

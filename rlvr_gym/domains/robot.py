@@ -231,18 +231,27 @@ def object_centroids(frames: np.ndarray, min_pixels: int = 2) -> np.ndarray:
 WHOLE_OBJECT_PIXELS = 15
 
 
-def object_position_error(pred: np.ndarray, target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0,
-                          min_target_pixels: int = 2) -> float:
-    """Mean pixel distance between object centroids read from predicted and real frames, over the objects that moved
-    (by more than `min_motion` px between the previous real frame and the target): still objects would make copying
-    look perfect. Only objects showing `min_target_pixels` in the target count. NaN when nothing moved."""
+def moved_object_distances(pred: np.ndarray, target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0,
+                           min_target_pixels: int = 2) -> np.ndarray:
+    """Pixel distances between object centroids read from predicted and real frames, one per object that moved (by
+    more than `min_motion` px between the previous real frame and the target) and shows `min_target_pixels` in the
+    target; NaN where the prediction lost the object. Flat, frame-major."""
     p, before = object_centroids(pred), object_centroids(prev)
     t = object_centroids(target, min_pixels=min_target_pixels)
     moved = np.linalg.norm(t - before, axis=-1) > min_motion  # NaN compares False: objects not seen in both
-    d = np.linalg.norm(p - t, axis=-1)
-    # An object the prediction lost counts as the frame's half-diagonal: losing it must not look good.
-    d = np.where(np.isnan(p[..., 0]), 45.0, d)
-    return float(d[moved].mean()) if moved.any() else math.nan
+    return np.linalg.norm(p - t, axis=-1)[moved]
+
+
+# An object the prediction lost counts as the frame's half-diagonal: losing it must not look good.
+LOST_OBJECT_PX = 45.0
+
+
+def object_position_error(pred: np.ndarray, target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0,
+                          min_target_pixels: int = 2) -> float:
+    """Mean of `moved_object_distances`, a lost object counting LOST_OBJECT_PX: the eval's object error. Still
+    objects are left out, or copying would look perfect. NaN when nothing moved."""
+    d = moved_object_distances(pred, target, prev, min_motion, min_target_pixels)
+    return float(np.where(np.isnan(d), LOST_OBJECT_PX, d).mean()) if d.size else math.nan
 
 
 def object_reward_error(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -251,7 +260,8 @@ def object_reward_error(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
     or not, since a prediction that drops a still one is as wrong."""
     p, t = object_centroids(pred), object_centroids(target)
     shown = ~np.isnan(t[..., 0])
-    d = np.where(np.isnan(p[..., 0]), 45.0, np.minimum(np.linalg.norm(p - t, axis=-1), 45.0)) / 45.0
+    d = np.where(np.isnan(p[..., 0]), LOST_OBJECT_PX, np.minimum(np.linalg.norm(p - t, axis=-1), LOST_OBJECT_PX))
+    d = d / LOST_OBJECT_PX
     return np.where(shown, d, 0.0).sum(-1) / np.maximum(shown.sum(-1), 1)
 
 
