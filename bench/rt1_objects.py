@@ -33,16 +33,18 @@ from rlvr_gym.train.robot import episode_codes, frame_flags
 def breakdown(distances: np.ndarray) -> dict:
     """Mean with a lost object at 45 px, the lost fraction, and the kept objects' mean / median / 90th percentile."""
     lost = np.isnan(distances)
-    kept = distances[~lost]
-    stat = lambda f: float(f(kept)) if kept.size else float("nan")  # noqa: E731
+    kept = distances[~lost] if (~lost).any() else np.array([np.nan])
     return {"n": int(distances.size), "mean_px": float(np.where(lost, LOST_OBJECT_PX, distances).mean()),
-            "lost": float(lost.mean()), "kept_mean_px": stat(np.mean), "kept_median_px": stat(np.median),
-            "kept_p90_px": stat(lambda x: np.percentile(x, 90))}
+            "lost": float(lost.mean()), "kept_mean_px": float(kept.mean()), "kept_median_px": float(np.median(kept)),
+            "kept_p90_px": float(np.percentile(kept, 90))}
+
+
+def whole_object_distances(pred: np.ndarray, target: np.ndarray, since: np.ndarray) -> np.ndarray:
+    return moved_object_distances(pred, target, since, min_target_pixels=WHOLE_OBJECT_PIXELS)
 
 
 def object_rows(world: RobotWorldModel, data: list[EpisodeTokens], horizon: int) -> dict[str, dict]:
     """Breakdowns of copying, the tokenizer's ceiling and the model, at step 1 and step `horizon`."""
-    distances = lambda pred, target, since: moved_object_distances(pred, target, since, min_target_pixels=WHOLE_OBJECT_PIXELS)  # noqa: E731
     greedy = SamplingConfig(temperature=0.0)
     rows = {}
     for k in (1, horizon):
@@ -60,9 +62,9 @@ def object_rows(world: RobotWorldModel, data: list[EpisodeTokens], horizon: int)
         # The ceiling decodes the real frame's codes against the same context the model's last frame had.
         context = start if k == 1 else world.decode_rollout(codes[:, :-1], start, first)[:, -1]
         ceiling = world.decode_rollout(real_codes[:, None], context, first)[:, 0]
-        rows[f"step {k}, copy last real frame"] = breakdown(distances(start, target, start))
-        rows[f"step {k}, tokenizer ceiling"] = breakdown(distances(ceiling, target, start))
-        rows[f"step {k}, model"] = breakdown(distances(predicted, target, start))
+        rows[f"step {k}, copy last real frame"] = breakdown(whole_object_distances(start, target, start))
+        rows[f"step {k}, tokenizer ceiling"] = breakdown(whole_object_distances(ceiling, target, start))
+        rows[f"step {k}, model"] = breakdown(whole_object_distances(predicted, target, start))
     return rows
 
 
@@ -71,11 +73,11 @@ def main(out_dir: str = "runs/bench", checkpoints: tuple[str, ...] = ("rt1-mle",
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         collect(CollectConfig(out=tmp + "/eval", episodes=episodes, seed=seed, horizon=env_horizon, split="eval"))
-        episodes_list = load_episodes(tmp + "/eval")
+        real_episodes = load_episodes(tmp + "/eval")
     report = {"episodes": episodes, "seed": seed, "horizon": horizon, "checkpoints": {}}
     for name in checkpoints:
         world = RobotWorldModel.load(name)
-        data = [EpisodeTokens(e, episode_codes(world.frame_tokenizer, e), frame_flags(e)) for e in episodes_list]
+        data = [EpisodeTokens(e, episode_codes(world.frame_tokenizer, e), frame_flags(e)) for e in real_episodes]
         report["checkpoints"][name] = object_rows(world, data, horizon)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
