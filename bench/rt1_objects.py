@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -21,13 +20,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import torch
 
-from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
 from rlvr_gym.domains.robot import LOST_OBJECT_PX, WHOLE_OBJECT_PIXELS, moved_object_distances
 from rlvr_gym.evaluation.report import markdown_table
-from rlvr_gym.evaluation.robot import EpisodeTokens, multi_step_prompts, predict_in_batches, single_step_prompts
+from rlvr_gym.evaluation.robot import (
+    EpisodeTokens, fresh_episodes, multi_step_prompts, predict_in_batches, single_step_prompts, tokenize_episodes,
+)
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.sampler import SamplingConfig
-from rlvr_gym.train.robot import episode_codes, frame_flags
 
 
 def breakdown(distances: np.ndarray) -> dict:
@@ -58,9 +57,10 @@ def object_rows(world: RobotWorldModel, data: list[EpisodeTokens], horizon: int)
         first = np.stack([data[i].episode.frames[0] for i, _ in where])
         target = np.stack([data[i].episode.frames[t + k] for i, t in where])
         real_codes = np.stack([data[i].codes[t + k] for i, t in where])
-        predicted = world.decode_rollout(codes, start, first)[:, -1]
+        decoded = world.decode_rollout(codes, start, first)
+        predicted = decoded[:, -1]
         # The ceiling decodes the real frame's codes against the same context the model's last frame had.
-        context = start if k == 1 else world.decode_rollout(codes[:, :-1], start, first)[:, -1]
+        context = start if k == 1 else decoded[:, -2]
         ceiling = world.decode_rollout(real_codes[:, None], context, first)[:, 0]
         rows[f"step {k}, copy last real frame"] = breakdown(whole_object_distances(start, target, start))
         rows[f"step {k}, tokenizer ceiling"] = breakdown(whole_object_distances(ceiling, target, start))
@@ -71,14 +71,11 @@ def object_rows(world: RobotWorldModel, data: list[EpisodeTokens], horizon: int)
 def main(out_dir: str = "runs/bench", checkpoints: tuple[str, ...] = ("rt1-mle", "rt1-rlvr"), episodes: int = 60,
          seed: int = 21, horizon: int = 5, env_horizon: int = 30) -> dict:
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        collect(CollectConfig(out=tmp + "/eval", episodes=episodes, seed=seed, horizon=env_horizon, split="eval"))
-        real_episodes = load_episodes(tmp + "/eval")
+    real_episodes = fresh_episodes(episodes, seed, env_horizon)
     report = {"episodes": episodes, "seed": seed, "horizon": horizon, "checkpoints": {}}
     for name in checkpoints:
         world = RobotWorldModel.load(name)
-        data = [EpisodeTokens(e, episode_codes(world.frame_tokenizer, e), frame_flags(e)) for e in real_episodes]
-        report["checkpoints"][name] = object_rows(world, data, horizon)
+        report["checkpoints"][name] = object_rows(world, tokenize_episodes(world, real_episodes), horizon)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rt1_objects.json").write_text(json.dumps(report, indent=2))

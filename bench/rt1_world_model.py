@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -19,15 +18,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import torch
 
-from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
 from rlvr_gym.domains import robot as R
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.evaluation.robot import (
-    EpisodeTokens, batched_lpips, evaluate_world_model, predict_in_batches, rollout_gif, single_step_prompts, summary_line,
+    batched_lpips, evaluate_world_model, fresh_episodes, predict_in_batches, rollout_gif, single_step_prompts, summary_line,
+    tokenize_episodes,
 )
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.sampler import SamplingConfig
-from rlvr_gym.train.robot import episode_codes, frame_flags
 
 BEST_OF = (1, 2, 4, 8, 16, 32, 64, 100)
 
@@ -61,7 +59,7 @@ def repetition_rejection(world: RobotWorldModel, tries: int = 4):
 
 def best_of_n_curve(world: RobotWorldModel, episodes, n_prompts: int = 32, seed: int = 0) -> list[dict]:
     """Single-step LPIPS of the best of the first N samples (chosen by -(L1 + LPIPS) to the real frame), N = 1..100."""
-    data = [EpisodeTokens(e, episode_codes(world.frame_tokenizer, e), frame_flags(e)) for e in episodes]
+    data = tokenize_episodes(world, episodes)
     prompts, where = single_step_prompts(world, data)
     pick = np.random.default_rng(seed).choice(len(prompts), size=min(n_prompts, len(prompts)), replace=False)
     prompts, where = [prompts[i] for i in pick], [where[i] for i in pick]
@@ -90,9 +88,7 @@ def main(out_dir: str = "runs/bench", mle: str = "rt1-mle", rlvr: str = "rt1-rlv
     torch.set_num_threads(1)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        collect(CollectConfig(out=tmp + "/bench", episodes=episodes, seed=seed, horizon=env_horizon, split="bench"))
-        data = load_episodes(tmp + "/bench")
+    data = fresh_episodes(episodes, seed, env_horizon, split="bench")
     worlds = {"MLE": RobotWorldModel.load(mle), "RLVR": RobotWorldModel.load(rlvr)}
     results = {
         "MLE": evaluate_world_model(worlds["MLE"], data, horizon),

@@ -89,9 +89,9 @@ def test_sft_target_weights_make_a_weighted_mean_of_the_token_losses(init_model)
     weights = pack_batch([e["prompt_ids"] for e in data], [e["target_ids"] for e in data], tokenizer.pad_token_id,
                          target_masks(weighted))["loss_mask"]
     expected = float(-(logp * weights).sum() / weights.sum())
-    assert heldout_loss(model, weighted, tokenizer.pad_token_id, torch.device("cpu"), 2) == pytest.approx(expected, rel=1e-5)
-    assert heldout_loss(model, weighted, tokenizer.pad_token_id, torch.device("cpu"), 2) != pytest.approx(
-        heldout_loss(model, data, tokenizer.pad_token_id, torch.device("cpu"), 2), rel=1e-4)
+    weighted_loss = heldout_loss(model, weighted, tokenizer.pad_token_id, torch.device("cpu"), 2)
+    assert weighted_loss == pytest.approx(expected, rel=1e-5)
+    assert weighted_loss != pytest.approx(heldout_loss(model, data, tokenizer.pad_token_id, torch.device("cpu"), 2), rel=1e-4)
 
 
 def test_a_time_limit_stops_with_a_checkpoint_and_resume_finishes(tmp_path, init_model):

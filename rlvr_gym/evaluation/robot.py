@@ -64,6 +64,18 @@ class EpisodeTokens:
     flags: np.ndarray
 
 
+def tokenize_episodes(world: RobotWorldModel, episodes: list[Episode]) -> list[EpisodeTokens]:
+    """Each episode with its frames' codes under the world model's tokenizer and its success flags."""
+    return [EpisodeTokens(e, episode_codes(world.frame_tokenizer, e), frame_flags(e)) for e in episodes]
+
+
+def fresh_episodes(episodes: int, seed: int, env_horizon: int = 30, split: str = "eval") -> list[Episode]:
+    """`episodes` new real episodes collected with `seed` (one never used for training data), kept in memory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        collect(CollectConfig(out=tmp + "/episodes", episodes=episodes, seed=seed, horizon=env_horizon, split=split))
+        return load_episodes(tmp + "/episodes")
+
+
 def single_step_prompts(world: RobotWorldModel, data: list[EpisodeTokens]):
     prompts, where = [], []
     for i, e in enumerate(data):
@@ -100,7 +112,7 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
     `choose(prompts, k, future) -> codes (n, k, frame tokens)` replaces greedy prediction (best-of-N, rejection sampling).
     """
     sampling = sampling or SamplingConfig(temperature=0.0)
-    data = [EpisodeTokens(e, episode_codes(world.frame_tokenizer, e), frame_flags(e)) for e in episodes]
+    data = tokenize_episodes(world, episodes)
     result: dict = {"n_episodes": len(episodes)}
 
     prompts, where = single_step_prompts(world, data)
@@ -221,9 +233,7 @@ class RT1EvalConfig:
 
 def run_rt1_eval(config: RT1EvalConfig) -> dict:
     world = RobotWorldModel.load(config.checkpoint)
-    with tempfile.TemporaryDirectory() as tmp:
-        collect(CollectConfig(out=tmp + "/eval", episodes=config.episodes, seed=config.seed, horizon=config.env_horizon, split="eval"))
-        episodes = load_episodes(tmp + "/eval")
+    episodes = fresh_episodes(config.episodes, config.seed, config.env_horizon)
     result = evaluate_world_model(world, episodes, config.horizon, SamplingConfig(temperature=config.temperature))
     if config.out:
         Path(config.out).parent.mkdir(parents=True, exist_ok=True)

@@ -218,7 +218,7 @@ class RT1MLEConfig:
     changed_weight: float = 1.0
     """Loss weight of the frame codes that differ from the frame before (about a quarter of them: the gripper and
     what it moves), which the static rest could drown. The held-out loss stays unweighted. Measured from rt1-mle
-    (README, session 11): 4 did not place moved objects better than plain MLE."""
+    (docs/rt1_experiments.md, session 11): 4 did not place moved objects better than plain MLE."""
     size: LlamaSize = field(default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=4, intermediate_size=512, max_positions=1024))
     """Transformer shape (trained from scratch)."""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=3000, lr=1e-3, batch_size=16, micro_batch=16, save_every=200, warmup_steps=100))
