@@ -283,7 +283,7 @@ def test_rollout_prompts_hold_the_models_own_predictions_and_train(tiny_world):
     with pytest.raises(ValueError, match="--horizon 1"):
         run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "bad"), horizon=2, rollout_depth=2))
     run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr_deep"), rollout_depth=3,
-                               rollout_prompts=8, repetition_penalty=0.1,
+                               rollout_prompts=8, repetition_penalty=0.1, moved_prompts=0.5,
                                grpo=GRPOConfig(steps=1, prompts_per_step=2, group_size=2, temperature=0.5, save_every=1)))
     assert "reward/false_repetition" in read_log(root / "rlvr_deep")[-1]
 
@@ -340,6 +340,23 @@ def test_world_model_checkpoints_are_checked(tiny_world, tmp_path):
         RobotWorldModel.load(tmp_path / "missing")
 
 
+def test_prompts_where_objects_move_are_drawn_or_repeated_to_the_asked_fraction():
+    from rlvr_gym.train.robot import draw_prompts, repeat_moved
+
+    moved = np.arange(100) % 10 == 0  # 10 of 100
+    rng = np.random.default_rng(0)
+    assert len(set(draw_prompts(moved, 40, 0.0, rng))) == 40
+    picked = draw_prompts(moved, 40, 0.5, rng)
+    assert len(set(picked)) == 40 and moved[picked].sum() == 10, "half asked, but only 10 exist: all of them"
+    picked = draw_prompts(moved, 10, 0.5, rng)
+    assert moved[picked].sum() == 5 and len(set(picked)) == 10
+    examples = [{"i": i} for i in range(100)]
+    mixed = repeat_moved(examples, moved, 0.5)
+    assert mixed[:100] == examples and sum(moved[ex["i"]] for ex in mixed) == 90 and len(mixed) == 180
+    assert repeat_moved(examples, moved, 0.0) is examples and repeat_moved(examples, moved, 0.05) is examples
+    assert repeat_moved(examples, np.zeros(100, bool), 0.5) is examples, "nothing moved: nothing to repeat"
+
+
 def test_object_centroids_are_read_from_the_frame_colours():
     from rlvr_gym.domains.robot import object_centroids, object_position_error
 
@@ -354,6 +371,7 @@ def test_object_centroids_are_read_from_the_frame_colours():
     moved[0, 13:15, 24:26] = (230, 20, 20)
     # The red cube moved 5 px (3 down, 4 right); the green one did not, so only red counts.
     assert object_position_error(frame, moved, frame) == pytest.approx(5.0), "copying the previous frame misses by the motion"
+    assert R.moved_objects(moved, frame).tolist() == [[True, False, False]]
     assert object_position_error(moved, moved, frame) == 0.0
     assert np.isnan(object_position_error(frame, frame, frame)), "nothing moved: no motion to score"
     assert np.isnan(object_position_error(frame, moved, frame, min_target_pixels=5)), "4 pixels showing: not whole"

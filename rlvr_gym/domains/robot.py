@@ -231,15 +231,20 @@ def object_centroids(frames: np.ndarray, min_pixels: int = 2) -> np.ndarray:
 WHOLE_OBJECT_PIXELS = 15
 
 
+def moved_objects(target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0, min_target_pixels: int = 2) -> np.ndarray:
+    """(N, 3 objects) True where the object moved by more than `min_motion` px between the previous real frame and
+    the target and shows `min_target_pixels` in the target."""
+    t = object_centroids(target, min_pixels=min_target_pixels)
+    return np.linalg.norm(t - object_centroids(prev), axis=-1) > min_motion  # NaN compares False: not seen in both
+
+
 def moved_object_distances(pred: np.ndarray, target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0,
                            min_target_pixels: int = 2) -> np.ndarray:
-    """Pixel distances between object centroids read from predicted and real frames, one per object that moved (by
-    more than `min_motion` px between the previous real frame and the target) and shows `min_target_pixels` in the
-    target; NaN where the prediction lost the object. Flat, frame-major."""
-    p, before = object_centroids(pred), object_centroids(prev)
+    """Pixel distances between object centroids read from predicted and real frames, one per `moved_objects`
+    object; NaN where the prediction lost the object. Flat, frame-major."""
+    moved = moved_objects(target, prev, min_motion, min_target_pixels)
     t = object_centroids(target, min_pixels=min_target_pixels)
-    moved = np.linalg.norm(t - before, axis=-1) > min_motion  # NaN compares False: objects not seen in both
-    return np.linalg.norm(p - t, axis=-1)[moved]
+    return np.linalg.norm(object_centroids(pred) - t, axis=-1)[moved]
 
 
 # An object the prediction lost counts as the frame's half-diagonal: losing it must not look good.
