@@ -19,6 +19,17 @@ def test_group_advantages_normalise_within_each_group():
         group_advantages(rewards, 3)
 
 
+def test_a_greedy_baseline_replaces_the_group_mean():
+    rewards = torch.tensor([1.0, 0.0, 2.0, 2.0])
+    baseline = torch.tensor([1.0, 0.0])  # the greedy completion's reward, one per group
+    diffs = torch.tensor([0.0, -1.0, 2.0, 2.0])
+    torch.testing.assert_close(group_advantages(rewards, 2, scale=False, baseline=baseline), diffs)
+    # The second group's samples tie but beat greedy: the batch-wide std keeps their advantage finite and positive.
+    torch.testing.assert_close(group_advantages(rewards, 2, baseline=baseline), diffs / (diffs.std() + 1e-4))
+    with pytest.raises(ValueError, match="one value per group"):
+        group_advantages(rewards, 2, baseline=torch.zeros(3))
+
+
 def test_k3_is_zero_at_equal_policies_and_positive_otherwise():
     logp = torch.tensor([-1.0, -2.0])
     assert torch.equal(k3_kl(logp, logp), torch.zeros(2))

@@ -265,6 +265,35 @@ def test_resume_accepts_the_same_config_with_tuple_fields(tmp_path, init_model):
     prepare_run_dir(WithTuple(run_dir=str(tmp_path), model=str(init_model), resume=True), d)
 
 
+def test_a_greedy_baseline_scores_one_greedy_completion_per_prompt(tmp_path, init_model, monkeypatch):
+    import rlvr_gym.train.grpo as grpo
+
+    calls, updates = [], []
+
+    def reward(completions, **_):
+        calls.append(list(completions))
+        return [{"score": float(len(c))} for c in completions]
+
+    def recording_update(run, config, batch, advantages, reference):
+        updates.append(advantages.clone())
+        return real_update(run, config, batch, advantages, reference)
+
+    real_update = grpo.policy_update
+    monkeypatch.setattr(grpo, "policy_update", recording_update)
+    config = GRPOConfig(run_dir=str(tmp_path / "remax"), model=str(init_model), steps=2, prompts_per_step=2, group_size=4,
+                        max_new_tokens=6, beta=0.0, temperature=1.0, baseline="greedy", loss_type="dr_grpo")
+    train_grpo(config, reward, examples())
+    greedy_calls, sample_calls = calls[0::2], calls[1::2]
+    assert [len(c) for c in greedy_calls] == [2, 2] and [len(c) for c in sample_calls] == [8, 8]
+    for greedy, sampled, advantages in zip(greedy_calls, sample_calls, updates):
+        expected = torch.tensor([len(c) - len(greedy[i // 4]) for i, c in enumerate(sampled)], dtype=torch.float32)
+        torch.testing.assert_close(advantages, expected)  # each sample against its prompt's greedy completion
+    log = read_log(tmp_path / "remax")
+    assert [r["reward/greedy"] for r in log if "reward/greedy" in r] == [sum(map(len, g)) / 2 for g in greedy_calls]
+    with pytest.raises(ValueError, match="baseline"):
+        train_grpo(GRPOConfig(run_dir=str(tmp_path / "bad"), model=str(init_model), baseline="mean"), reward, examples())
+
+
 def test_dynamic_sampling_updates_only_on_groups_whose_rewards_differ(tmp_path, init_model, monkeypatch):
     import rlvr_gym.train.grpo as grpo
 

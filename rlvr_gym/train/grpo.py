@@ -5,7 +5,7 @@ Each step, on each process:
 2. score them with the domain's reward, `reward_fn(completions=..., completion_ids=..., **columns) -> [dict]`,
    each dict holding "score" and optional numeric components; an "error" entry marks a parse failure (counted; its
    score is the domain's: 0 where rewards are non-negative, the video reward's floor where they are not);
-3. advantages normalised within each group;
+3. advantages normalised within each group (against the group mean, or the greedy completion's reward: ReMax);
 4. clipped policy-ratio loss over the sampled (not forced) completion tokens, KL to the frozen starting model
    with the k3 estimator (beta = 0 loads no reference model).
 Examples are dicts with "prompt_ids" (token ids), optional "forced" ({completion position: token id}) and any
@@ -70,16 +70,32 @@ class GRPOConfig(R.RunConfig):
     on those alone. Pays off when most groups are uniform (a binary reward the model nearly always fails or passes)."""
     max_draws: int = 4
     """Prompt batches drawn per step at most with dynamic_sampling."""
+    baseline: Literal["group", "greedy"] = "group"
+    """What a completion's reward is compared with: its group's mean (GRPO), or the reward of the prompt's greedy
+    completion, decoded once more per prompt (ReMax, Li et al. 2023). With "greedy" a sample gains probability only
+    where it beats what greedy decoding already gives, so the update moves the greedy prediction itself (what the
+    learned simulators and evals use), where the group mean mostly teaches samples to stop doing worse than greedy."""
 
 
 # ---------------------------------------------------------------------------------------------------- the maths
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True) -> torch.Tensor:
-    """(r - group mean) / (group std + eps), or without the division when scale is False (Dr.GRPO)."""
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
+                     baseline: torch.Tensor | None = None) -> torch.Tensor:
+    """(r - group mean) / (group std + eps), or without the division when scale is False (Dr.GRPO).
+
+    `baseline` (one per group, e.g. the greedy completion's reward) takes the group mean's place, and the division is
+    by the std of all the batch's differences: a group whose samples tie but differ from the baseline has std 0."""
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     grouped = rewards.view(-1, group_size)
+    if baseline is not None:
+        if baseline.shape != (len(grouped),):
+            raise ValueError(f"baseline must hold one value per group ({len(grouped)}), got shape {tuple(baseline.shape)}")
+        centred = grouped - baseline[:, None]
+        if scale and centred.numel() > 1:
+            centred = centred / (centred.std() + 1e-4)
+        return centred.view(-1)
     centred = grouped - grouped.mean(1, keepdim=True)
     if scale:
         std = grouped.std(1, keepdim=True) if group_size > 1 else torch.zeros_like(grouped[:, :1])
@@ -196,6 +212,8 @@ def train_grpo(
         raise ValueError("max_new_tokens, group_size, prompts_per_step and max_draws must all be at least 1")
     if not config.temperature > 0:
         raise ValueError(f"temperature must be above 0 (GRPO needs different completions in a group), got {config.temperature}")
+    if config.baseline not in ("group", "greedy"):
+        raise ValueError(f"baseline must be 'group' or 'greedy', got {config.baseline!r}")
     run = R.Run(config, "grpo")
     model, tokenizer, d = run.model, run.tokenizer, run.d
     reference = None
@@ -207,6 +225,7 @@ def train_grpo(
     pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
     stop_ids = (tokenizer.eos_token_id,) if tokenizer is not None and tokenizer.eos_token_id is not None else ()
     sampling = SamplingConfig(config.max_new_tokens, config.temperature, config.top_k, config.top_p, stop_ids)
+    greedy = SamplingConfig(config.max_new_tokens, 0.0, stop_token_ids=stop_ids)
     evaluate = (lambda: eval_fn(model)) if eval_fn is not None else None
     if run.step == 0:
         run.evaluate(evaluate)
@@ -215,7 +234,7 @@ def train_grpo(
         started = time.perf_counter()
         draws = config.max_draws if config.dynamic_sampling else 1
         kept: list[dict] = []  # groups to learn from: prompt, completions, sampled masks, rewards
-        all_rewards, failures, invalid, components, lengths = [], [], [], [], []
+        all_rewards, failures, invalid, components, lengths, greedy_rewards = [], [], [], [], [], []
         sampling_seconds = 0.0
         for draw in range(draws):
             # Draw 0 is the plain GRPO batch; later draws take other prompts from their own seeded stream.
@@ -233,7 +252,17 @@ def train_grpo(
                 generator=R.step_generator(config.seed, run.step, d.rank, stream=draw),
                 allowed_tokens=allowed_tokens,
             )
+            greedy_ids = None
+            if config.baseline == "greedy":
+                greedy_ids = sample(model, [ex["prompt_ids"] for ex in batch_examples], greedy,
+                                    forced=[ex.get("forced", {}) for ex in batch_examples], pad_token_id=pad_id,
+                                    allowed_tokens=allowed_tokens).completions()
             sampling_seconds += time.perf_counter() - draw_started
+            baselines = None
+            if greedy_ids is not None:
+                baselines = score_completions(reward_fn, [decode(c) for c in greedy_ids] if decode else greedy_ids,
+                                              greedy_ids, expand_columns(batch_examples, 1))["scores"]
+                greedy_rewards.append(baselines)
             completion_ids = rollout.completions()
             completions = [decode(c) for c in completion_ids] if decode else completion_ids
             scored = score_completions(reward_fn, completions, completion_ids, expand_columns(batch_examples, config.group_size))
@@ -246,8 +275,13 @@ def train_grpo(
             for g in range(len(batch_examples)):
                 rows = slice(g * config.group_size, (g + 1) * config.group_size)
                 group = {"prompt_ids": rollout.prompt_ids[rows], "completion_ids": completion_ids[rows],
-                         "sampled_masks": masks[rows], "rewards": scored["scores"][rows]}
-                if not config.dynamic_sampling or config.group_size == 1 or group["rewards"].std() > 0:
+                         "sampled_masks": masks[rows], "rewards": scored["scores"][rows],
+                         "baseline": baselines[g] if baselines is not None else None}
+                if baselines is not None:
+                    learnable = bool((group["rewards"] != group["baseline"]).any())
+                else:
+                    learnable = config.group_size == 1 or bool(group["rewards"].std() > 0)
+                if not config.dynamic_sampling or learnable:
                     kept.append(group)
             if len(kept) >= config.prompts_per_step:
                 break
@@ -257,7 +291,8 @@ def train_grpo(
             kept = [group]
         kept = kept[: config.prompts_per_step]
         rewards = torch.cat([g["rewards"] for g in kept])
-        advantages = group_advantages(rewards, config.group_size, scale=config.loss_type != "dr_grpo")
+        baseline = torch.stack([g["baseline"] for g in kept]) if config.baseline == "greedy" else None
+        advantages = group_advantages(rewards, config.group_size, scale=config.loss_type != "dr_grpo", baseline=baseline)
         batch = pack_batch([p for g in kept for p in g["prompt_ids"]], [c for g in kept for c in g["completion_ids"]], pad_id,
                            [m for g in kept for m in g["sampled_masks"]])
         stats = policy_update(run, config, batch, advantages, reference)
@@ -280,6 +315,8 @@ def train_grpo(
         }
         if config.dynamic_sampling:
             metrics.update({"sampling/draws": len(all_rewards), "sampling/groups_kept": len(kept)})
+        if greedy_rewards:
+            metrics["reward/greedy"] = float(torch.cat(greedy_rewards).mean())
         run.end_step(metrics, evaluate, postfix=["reward/mean", "reward/parse_failure_rate"])
     return run.finish()
 
