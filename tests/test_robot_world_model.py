@@ -280,6 +280,8 @@ def test_rollout_prompts_hold_the_models_own_predictions_and_train(tiny_world):
         assert ex["last_codes"] == prompt[-R.STEP_TOKENS :][: R.FRAME_TOKENS]
         if ex["depth"] == 1:
             assert ex["prompt_ids"] == real[(ex["episode"], ex["t"])]["prompt_ids"]
+    with pytest.raises(ValueError, match="--moved-prompts"):
+        run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "bad"), moved_prompts=1.0))
     with pytest.raises(ValueError, match="--horizon 1"):
         run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "bad"), horizon=2, rollout_depth=2))
     run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr_deep"), rollout_depth=3,

@@ -281,8 +281,8 @@ class RT1RLVRConfig:
     """With --rollout-depth > 1: the number of (episode, t) prompts drawn (each needs its rollout)."""
     moved_prompts: float = 0.0
     """Fraction of the prompts whose real next frame moves a whole object (the eval's object error counts only
-    those; about 9% of all). 0 keeps the data's own mix. With --rollout-depth > 1 they are drawn apart; with 1 they
-    are repeated until they make this fraction."""
+    those; about 9% of all). 0 keeps the data's own mix. With --rollout-depth > 1 the drawn prompts hold this
+    fraction of them; with 1 (every transition a prompt) they are repeated until they make it."""
     seed: int = 0
     """Draws the rollout prompts."""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=5e-5, prompts_per_step=8, group_size=8, beta=0.0,
@@ -425,6 +425,8 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
 
 
 def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
+    if not 0 <= config.moved_prompts < 1:
+        raise ValueError(f"--moved-prompts is a fraction in [0, 1), got {config.moved_prompts}")
     d = RUN.setup_processes(config.grpo.threads)
     out = Path(config.out)
     world = RobotWorldModel.load(config.model)
@@ -434,8 +436,6 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
                          "(pass --rollout-depth 1 for multi-frame rollouts from real history)")
     episodes = load_episodes(config.data)
     codes = [episode_codes(world.frame_tokenizer, e) for e in episodes]
-    if not 0 <= config.moved_prompts < 1:
-        raise ValueError(f"--moved-prompts is a fraction in [0, 1), got {config.moved_prompts}")
     if config.rollout_depth > 1:
         examples = rollout_examples(world, episodes, config.rollout_depth, config.rollout_prompts, config.seed,
                                     codes_per_episode=codes, moved_fraction=config.moved_prompts)
