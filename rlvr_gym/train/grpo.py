@@ -240,22 +240,23 @@ def train_grpo(
             # Draw 0 is the plain GRPO batch; later draws take other prompts from their own seeded stream.
             idx = R.batch_indices(len(examples), config.prompts_per_step, run.step, config.seed + 7_919 * draw, d.rank, d.world_size)
             batch_examples = [examples[i] for i in idx]
+            prompts = [ex["prompt_ids"] for ex in batch_examples]
+            forced = [ex.get("forced", {}) for ex in batch_examples]
             model.eval()
             draw_started = time.perf_counter()
             rollout = sample(
                 model,
-                [ex["prompt_ids"] for ex in batch_examples],
+                prompts,
                 sampling,
                 num_samples=config.group_size,
-                forced=[ex.get("forced", {}) for ex in batch_examples],
+                forced=forced,
                 pad_token_id=pad_id,
                 generator=R.step_generator(config.seed, run.step, d.rank, stream=draw),
                 allowed_tokens=allowed_tokens,
             )
             greedy_ids = None
             if config.baseline == "greedy":
-                greedy_ids = sample(model, [ex["prompt_ids"] for ex in batch_examples], greedy,
-                                    forced=[ex.get("forced", {}) for ex in batch_examples], pad_token_id=pad_id,
+                greedy_ids = sample(model, prompts, greedy, forced=forced, pad_token_id=pad_id,
                                     allowed_tokens=allowed_tokens).completions()
             sampling_seconds += time.perf_counter() - draw_started
             baselines = None

@@ -355,7 +355,10 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
     real = rlvr_examples(world, episodes, 1, codes)
     rng = np.random.default_rng(seed)
     moved = object_moved(episodes, real) if moved_fraction > 0 else np.zeros(len(real), dtype=bool)
-    picked = [real[i] for i in draw_prompts(moved, count, moved_fraction, rng)]
+    drawn = draw_prompts(moved, count, moved_fraction, rng)
+    if moved_fraction > 0:
+        log.info("%d prompts, %d where a whole object moves", len(drawn), moved[drawn].sum())
+    picked = [real[i] for i in drawn]
     # Frames predicted before each prompt: depth - 1, clipped at the episode's first frame.
     predicted = [min(int(d) - 1, ex["t"]) for ex, d in zip(picked, rng.integers(1, depth + 1, size=len(picked)))]
     out = [{**ex, "depth": 1} for ex, n in zip(picked, predicted) if n == 0]
@@ -442,10 +445,10 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     else:
         examples = rlvr_examples(world, episodes, config.horizon, codes)
         if config.moved_prompts > 0:
-            examples = repeat_moved(examples, object_moved(episodes, examples), config.moved_prompts)
-    if config.moved_prompts > 0:
-        moved = object_moved(episodes, examples)
-        log.info("%d prompts, %d (%.0f%%) where a whole object moves", len(examples), moved.sum(), 100 * moved.mean())
+            moved = object_moved(episodes, examples)
+            still = int((~moved).sum())
+            examples = repeat_moved(examples, moved, config.moved_prompts)
+            log.info("%d prompts, %d where a whole object moves", len(examples), len(examples) - still)
     grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(out), "model": str(lm_dir),
                          "max_new_tokens": R.rollout_length(config.horizon, world.frame_tokens)})
     reward = frame_reward_fn(world, episodes, config.horizon, config.object_weight, config.repetition_penalty, codes)
