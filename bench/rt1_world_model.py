@@ -118,7 +118,8 @@ def markdown(report: dict) -> str:
               {"model": "real frames", "repetition_rate": first["real_repetition_rate"]}]
     single += [{"model": name, "psnr": l["psnr"], "ssim": l["ssim"], "lpips": l["lpips"], "mse": l["mse"],
                 "changed_mse": l["single_changed_mse"], "object_error_px": l["single_object_error_px"],
-                "object_error_px_whole": l["single_object_error_px_whole"], "repetition_rate": l["repetition_rate"], "false_repetition_rate": l["false_repetition_rate"]}
+                "object_error_px_whole": l["single_object_error_px_whole"], "repetition_rate": l["repetition_rate"], "false_repetition_rate": l["false_repetition_rate"],
+                "moving_repetition_rate": l["moving_repetition_rate"]}
                for name, l in lines.items()]
     h = report["horizon"]
     multi = [{"model": "copy frame t", f"step {h} psnr": first[f"multi_step{h}_copy_psnr"],
@@ -130,7 +131,8 @@ def markdown(report: dict) -> str:
                f"step {h} psnr": l[f"multi_step{h}_psnr"], f"step {h} changed_mse": l[f"multi_step{h}_changed_mse"],
                f"step {h} object_error_px": l[f"multi_step{h}_object_error_px"],
                f"step {h} object_error_px_whole": l[f"multi_step{h}_object_error_px_whole"], "repetition_rate": l["multi_repetition_rate"],
-               "false_repetition_rate": l["multi_false_repetition_rate"]}
+               "false_repetition_rate": l["multi_false_repetition_rate"],
+               "moving_repetition_rate": l["multi_moving_repetition_rate"]}
               for name, l in lines.items()]
     mle, rl = lines["MLE"], lines["RLVR"]
     gain = (mle["multi_lpips"] - rl["multi_lpips"]) / mle["multi_lpips"] * 100
@@ -146,7 +148,10 @@ def markdown(report: dict) -> str:
         f"\n\nRLVR vs MLE: multi-step LPIPS {gain:.1f}% lower (target: >= 5% lower), repetition rate "
         f"{mle['multi_repetition_rate']:.3f} -> {rl['multi_repetition_rate']:.3f} ({change(mle['multi_repetition_rate'], rl['multi_repetition_rate'])}; target >= 3x lower) while the "
         f"real frames repeat at {first['multi_real_repetition_rate']:.3f}; false repetition (repeating where the real frame "
-        f"changed) {mle['multi_false_repetition_rate']:.3f} -> {rl['multi_false_repetition_rate']:.3f} ({change(mle['multi_false_repetition_rate'], rl['multi_false_repetition_rate'])}).\n\n"
+        f"changed) {mle['multi_false_repetition_rate']:.3f} -> {rl['multi_false_repetition_rate']:.3f} ({change(mle['multi_false_repetition_rate'], rl['multi_false_repetition_rate'])}); "
+        f"repeating where the real frame visibly moved ({R.VISIBLE_MOTION_PIXELS}+ pixels changed; a code flipping between "
+        f"near-identical frames is not motion) {mle['multi_moving_repetition_rate']:.3f} -> {rl['multi_moving_repetition_rate']:.3f} "
+        f"({change(mle['multi_moving_repetition_rate'], rl['multi_moving_repetition_rate'])}).\n\n"
         "## MLE + best-of-N (single step, oracle choice by -(L1 + LPIPS))\n\n" + markdown_table(report["best_of_n"], digits=4) +
         "\n\n![metrics](rt1_world_model.png)\n\nReal (left) vs MLE vs RLVR, autoregressive from the first frame: "
         "![rollouts](rt1_rollouts.gif)\n"

@@ -203,6 +203,31 @@ def false_repetition_rate(
     return repeated[changed].float().mean().item()
 
 
+
+# A real frame moved visibly when at least this many pixels changed (the changed-pixel MSE's test): 1% of a 64x64
+# frame, about a cube's area. Fewer is the tokenizer's flicker or a shadow's edge, which the codes count as a change.
+VISIBLE_MOTION_PIXELS = 41
+
+
+def moving_repetition_rate(pred_tokens: np.ndarray | torch.Tensor, prev_pred_tokens: np.ndarray | torch.Tensor,
+                           target: Frames, prev: Frames, threshold: float = 0.05,
+                           min_pixels: int = VISIBLE_MOTION_PIXELS) -> float:
+    """Among the steps where the real frame visibly moved (`min_pixels` or more pixels changed from `prev` to `target`
+    by more than `threshold` in some channel), the fraction whose prediction repeats the previous predicted frame.
+
+    `false_repetition_rate` reads change from the codes, so a code or two flipping between near-identical frames
+    counts as motion and repeating such a frame as a failure; this one counts only frames a person would see move
+    (NaN when none did)."""
+    pred, prev_pred = _as_tensor(pred_tokens).flatten(1).cpu(), _as_tensor(prev_pred_tokens).flatten(1).cpu()
+    target, prev = _frame_pair(target, prev)
+    if pred.shape != prev_pred.shape or len(pred) != len(target):
+        raise ValueError(f"expected token batches of one shape and as many frames, got {tuple(pred.shape)}, "
+                         f"{tuple(prev_pred.shape)} and {len(target)} frames")
+    moved = ((target - prev).abs().amax(dim=1) > threshold).sum(dim=(1, 2)) >= min_pixels
+    if not moved.any():
+        return math.nan
+    return (pred == prev_pred).all(dim=1)[moved].float().mean().item()
+
 # ---------------------------------------------------------------------------------------------------- objects
 
 # Object colours in the rendered frames (envs/robot/scene.py: red cube, green cube, blue can), as channel tests.
