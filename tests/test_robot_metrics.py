@@ -179,23 +179,24 @@ def test_false_repetition_rate_counts_repeats_only_where_the_real_frame_changed(
         robot.false_repetition_rate(pred, prev, real[:2], prev)
 
 
-
 def test_moving_repetition_rate_counts_only_frames_that_visibly_moved():
     prev = np.zeros((3, 64, 64, 3), dtype=np.uint8)
     target = prev.copy()
-    target[0, 10:20, 10:20] = 200  # 100 pixels move: a visible change
-    target[1, 10:12, 10:12] = 200  # 4 pixels: flicker, below VISIBLE_MOTION_PIXELS
-    target[2, 30:40, 30:40, 1] = 5  # 100 pixels by 5/255: below the intensity threshold
+    target[0, 10:20, 10:20] = 200  # 100 pixels change: a visible move
+    target[1, 10:12, 10:12] = 200  # 4 pixels: fewer than VISIBLE_MOTION_PIXELS
+    target[2, 30:40, 30:40, 1] = 5  # 100 pixels by 5 of 255: under the intensity threshold
     prev_codes = np.arange(3 * 4).reshape(3, 4)
-    repeats = prev_codes.copy()
-    moves = prev_codes + 1
-    assert robot.moving_repetition_rate(repeats, prev_codes, target, prev) == 1.0, "row 0 moved and was repeated"
-    assert robot.moving_repetition_rate(moves, prev_codes, target, prev) == 0.0
-    mixed = np.stack([repeats[0], moves[1], moves[2]])
-    assert robot.moving_repetition_rate(mixed[[0, 1]], prev_codes[[0, 1]], target[[0, 1]], prev[[0, 1]]) == 1.0
-    assert math.isnan(robot.moving_repetition_rate(repeats[1:], prev_codes[1:], target[1:], prev[1:])), "nothing moved"
+    repeat_all = prev_codes.copy()
+    repeat_still = np.stack([prev_codes[0] + 1, prev_codes[1], prev_codes[2]])
+    assert robot.moving_repetition_rate(repeat_all, prev_codes, target, prev) == 1.0, "only row 0 counts"
+    assert robot.moving_repetition_rate(repeat_still, prev_codes, target, prev) == 0.0, "rows 1, 2 did not move"
+    codes_moved = prev_codes + 1
+    assert robot.false_repetition_rate(repeat_still, prev_codes, codes_moved, prev_codes) == pytest.approx(2 / 3), \
+        "where the codes say every frame moved, the two still ones count"
+    assert math.isnan(robot.moving_repetition_rate(repeat_all[1:], prev_codes[1:], target[1:], prev[1:])), "nothing moved"
     with pytest.raises(ValueError, match="as many frames"):
-        robot.moving_repetition_rate(repeats[:2], prev_codes[:2], target, prev)
+        robot.moving_repetition_rate(repeat_all[:2], prev_codes[:2], target, prev)
+
 
 def test_changed_pixel_mse_looks_only_where_the_scene_moved():
     prev = np.zeros((1, 8, 8, 3), dtype=np.uint8)

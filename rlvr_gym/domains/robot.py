@@ -203,9 +203,8 @@ def false_repetition_rate(
     return repeated[changed].float().mean().item()
 
 
-
 # A real frame moved visibly when at least this many pixels changed (the changed-pixel MSE's test): 1% of a 64x64
-# frame, about a cube's area. Fewer is the tokenizer's flicker or a shadow's edge, which the codes count as a change.
+# frame, about a cube's area. Fewer is a sub-pixel shift or a shadow's edge, which can still flip a code.
 VISIBLE_MOTION_PIXELS = 41
 
 
@@ -227,6 +226,7 @@ def moving_repetition_rate(pred_tokens: np.ndarray | torch.Tensor, prev_pred_tok
     if not moved.any():
         return math.nan
     return (pred == prev_pred).all(dim=1)[moved].float().mean().item()
+
 
 # ---------------------------------------------------------------------------------------------------- objects
 
