@@ -156,6 +156,12 @@ def frame_reward(pred: Frames, target: Frames) -> torch.Tensor:
     return -(l1 + lpips)
 
 
+def changed_pixels(target: torch.Tensor, prev: torch.Tensor, threshold: float = 0.05) -> torch.Tensor:
+    """(N, H, W) bool: pixels of float frames (N, 3, H, W) that changed from `prev` to `target` in some channel by
+    more than `threshold` ([0, 1] scale)."""
+    return (target - prev).abs().amax(dim=1) > threshold
+
+
 def changed_pixel_mse(pred: Frames, target: Frames, prev: Frames, threshold: float = 0.05) -> torch.Tensor:
     """Per-frame MSE restricted to pixels that changed from `prev` to `target` (any channel by more than `threshold`, [0, 1] scale).
 
@@ -164,7 +170,7 @@ def changed_pixel_mse(pred: Frames, target: Frames, prev: Frames, threshold: flo
     """
     pred, target = _frame_pair(pred, target)
     prev = _frame_pair(prev, target)[0]
-    changed = ((target - prev).abs().amax(dim=1, keepdim=True) > threshold).float()
+    changed = changed_pixels(target, prev, threshold)[:, None].float()
     squared = (pred - target).pow(2) * changed
     count = changed.sum(dim=(1, 2, 3)) * pred.shape[1]
     return squared.sum(dim=(1, 2, 3)) / count
@@ -196,11 +202,14 @@ def false_repetition_rate(
     if len({tuple(t.shape) for t in tensors}) != 1 or tensors[0].ndim < 2:
         raise ValueError(f"token batches must all be (N, tokens per frame, ...) with one shape, got {[tuple(t.shape) for t in tensors]}")
     pred, prev_pred, real, prev_real = (t.flatten(1).cpu() for t in tensors)
-    changed = (real != prev_real).any(dim=1)
+    return _repeats_where(pred, prev_pred, (real != prev_real).any(dim=1))
+
+
+def _repeats_where(pred: torch.Tensor, prev_pred: torch.Tensor, changed: torch.Tensor) -> float:
+    """Fraction of the `changed` rows whose (N, tokens) prediction equals the previous one (NaN when none changed)."""
     if not changed.any():
         return math.nan
-    repeated = (pred == prev_pred).all(dim=1)
-    return repeated[changed].float().mean().item()
+    return (pred == prev_pred).all(dim=1)[changed].float().mean().item()
 
 
 # A real frame moved visibly when at least this many pixels changed (the changed-pixel MSE's test): 1% of a 64x64
@@ -222,10 +231,7 @@ def moving_repetition_rate(pred_tokens: np.ndarray | torch.Tensor, prev_pred_tok
     if pred.shape != prev_pred.shape or len(pred) != len(target):
         raise ValueError(f"expected token batches of one shape and as many frames, got {tuple(pred.shape)}, "
                          f"{tuple(prev_pred.shape)} and {len(target)} frames")
-    moved = ((target - prev).abs().amax(dim=1) > threshold).sum(dim=(1, 2)) >= min_pixels
-    if not moved.any():
-        return math.nan
-    return (pred == prev_pred).all(dim=1)[moved].float().mean().item()
+    return _repeats_where(pred, prev_pred, changed_pixels(target, prev, threshold).sum(dim=(1, 2)) >= min_pixels)
 
 
 # ---------------------------------------------------------------------------------------------------- objects
