@@ -14,8 +14,8 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, frame_pairs, mle_examples, reconstruction_loss, run_rt1_mle,
-    run_rt1_rlvr, salient_pixels, train_frame_tokenizer,
+    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, any_frame_contexts, frame_pairs, mle_examples, reconstruction_loss,
+    run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer,
 )
 from rlvr_gym.train.run import read_log
 from rlvr_gym.train.sft import SFTConfig
@@ -137,7 +137,7 @@ def test_decoder_only_fine_tune_keeps_the_codes(tiny_world):
         train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "bad"), data=str(root / "train"), train_encoder=False))
     tuned = train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "tok_dec"), data=str(root / "train"),
                                                   model=str(root / "tok" / "final"), train_encoder=False,
-                                                  salient_weight=10, steps=2, batch_size=8))
+                                                  salient_weight=10, train_context="any", steps=2, batch_size=8))
     before, after = FrameTokenizer.from_pretrained(root / "tok" / "final"), FrameTokenizer.from_pretrained(tuned)
     frames = torch.as_tensor(load_episodes(root / "heldout")[0].frames)
     assert torch.equal(before.encode(frames), after.encode(frames)), "a world model trained on the codes stays valid"
@@ -154,6 +154,13 @@ def test_frame_pairs_skip_first_frames_and_point_at_the_chosen_context():
         frame_pairs(episodes, "last")
     with pytest.raises(ValueError, match="context_frame"):
         FrameTokenizerConfig(context_frame="last")
+
+
+def test_any_frame_contexts_stay_in_the_target_episode_and_vary():
+    episodes = [SimpleNamespace(frames=np.zeros((n, 64, 64, 3), np.uint8)) for n in (3, 4)]
+    _, targets, _ = frame_pairs(episodes, "first")
+    contexts = np.stack([any_frame_contexts(episodes, targets, np.random.default_rng(i)) for i in range(200)])
+    assert set(contexts[:, :2].ravel()) == {0, 1, 2} and set(contexts[:, 2:].ravel()) == {3, 4, 5, 6}
 
 
 def test_previous_frame_tokenizer_decodes_a_rollout_frame_by_frame(tiny_world):

@@ -64,6 +64,11 @@ class TokenizerConfig(RUN.RunConfig):
     train_encoder: bool = True
     """False fine-tunes the decoder only (start from a trained tokenizer with --model): the codes stay the same, so a
     world model trained on them keeps working with the new decoder."""
+    train_context: str = ""
+    """The context frames in training: empty, the ones it decodes against (`context_frame`); "any", a random frame of
+    the same episode each time. Trained against the first frame only, the decoder leans on where the objects stood
+    in it and draws moved ones back towards there; against any frame it must read their place from the codes.
+    Measured (docs/rt1_experiments.md, session 15): lower LPIPS, but more lost objects; not shipped."""
 
 
 def frame_pairs(episodes: list[Episode], context_frame: str = "first") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -79,6 +84,14 @@ def frame_pairs(episodes: list[Episode], context_frame: str = "first") -> tuple[
     else:
         raise ValueError(f"context_frame must be one of {CONTEXT_FRAMES}, got {context_frame!r}")
     return frames, targets, context
+
+
+def any_frame_contexts(episodes: list[Episode], targets_per_pair: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """For each pair of `frame_pairs` (`targets_per_pair` indexes them), a random frame of the same episode."""
+    lengths = np.array([len(e.frames) for e in episodes])
+    starts = np.cumsum(np.concatenate([[0], lengths[:-1]]))
+    episode = np.searchsorted(starts, targets_per_pair, side="right") - 1
+    return starts[episode] + rng.integers(0, lengths[episode])
 
 
 def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, target_idx: np.ndarray, context_idx: np.ndarray,
@@ -130,6 +143,8 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
         raise ValueError("--no-train-encoder fine-tunes a trained tokenizer's decoder: pass it with --model")
     if config.context_frame and config.context_frame not in CONTEXT_FRAMES:
         raise ValueError(f"--context-frame must be one of {CONTEXT_FRAMES}, got {config.context_frame!r}")
+    if config.train_context not in ("", "any"):
+        raise ValueError(f"--train-context must be empty or 'any', got {config.train_context!r}")
     d = RUN.setup_processes(config.threads)
     if not config.model:
         init = Path(config.run_dir) / "init"
@@ -140,7 +155,8 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
         config = TokenizerConfig(**{**vars(config), "model": str(init)})
     run = RUN.Run(config, "tokenizer", load=lambda path: load_tokenizer_for_training(path, config))
     model = run.model
-    frames, target_idx, context_idx = frame_pairs(load_episodes(config.data), model.config.context_frame)
+    episodes = load_episodes(config.data)
+    frames, target_idx, context_idx = frame_pairs(episodes, model.config.context_frame)
     held = frame_pairs(load_episodes(config.heldout), model.config.context_frame) if config.heldout else None
 
     def evaluate() -> dict[str, float]:
@@ -149,8 +165,13 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
     while run.running():
         started = time.perf_counter()
         idx = RUN.batch_indices(len(target_idx), config.batch_size, run.step, config.seed, d.rank, d.world_size)
+        if config.train_context == "any":
+            rng = np.random.default_rng((config.seed, run.step, d.rank))
+            contexts = any_frame_contexts(episodes, target_idx[idx], rng)
+        else:
+            contexts = context_idx[idx]
         target = FrameTokenizer.to_float(torch.as_tensor(frames[target_idx[idx]])).to(d.device)
-        context = FrameTokenizer.to_float(torch.as_tensor(frames[context_idx[idx]])).to(d.device)
+        context = FrameTokenizer.to_float(torch.as_tensor(frames[contexts])).to(d.device)
         model.train()
         recon, _ = run.ddp_model(target, context)
         loss = reconstruction_loss(recon, target, config.salient_weight)
