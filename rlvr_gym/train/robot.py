@@ -86,11 +86,12 @@ def frame_pairs(episodes: list[Episode], context_frame: str = "first") -> tuple[
     return frames, targets, context
 
 
-def any_frame_contexts(episodes: list[Episode], targets_per_pair: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """For each pair of `frame_pairs` (`targets_per_pair` indexes them), a random frame of the same episode."""
+def any_frame_contexts(episodes: list[Episode], targets: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """For each target (an index into `frame_pairs`' frames), a random frame of the same episode, the target itself
+    as likely as any other."""
     lengths = np.array([len(e.frames) for e in episodes])
     starts = np.cumsum(np.concatenate([[0], lengths[:-1]]))
-    episode = np.searchsorted(starts, targets_per_pair, side="right") - 1
+    episode = np.searchsorted(starts, targets, side="right") - 1
     return starts[episode] + rng.integers(0, lengths[episode])
 
 
