@@ -15,7 +15,7 @@ from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSetting
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
     RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, any_frame_contexts, frame_pairs, mle_examples, reconstruction_loss,
-    run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer,
+    run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer, windows_with_moves,
 )
 from rlvr_gym.train.run import read_log
 from rlvr_gym.train.sft import SFTConfig
@@ -158,6 +158,17 @@ def test_frame_pairs_skip_first_frames_and_point_at_the_chosen_context():
         FrameTokenizerConfig(context_frame="last")
 
 
+def test_windows_with_moves_mark_the_windows_that_predict_a_moved_object():
+    frames = np.full((6, 64, 64, 3), 120, np.uint8)
+    for t, col in enumerate([10, 10, 10, 14, 14, 14]):  # a red cube, 25 pixels, moves 4 px between frames 2 and 3
+        frames[t, 30:35, col : col + 5] = (235, 25, 25)
+    episode = SimpleNamespace(frames=frames)
+    assert windows_with_moves(episode, 2).tolist() == [False, False, True, False, False]
+    assert windows_with_moves(episode, 4).tolist() == [True, True, True, False, False]
+    with pytest.raises(ValueError, match="--moved-windows"):
+        run_rt1_mle(RT1MLEConfig(moved_windows=1.0))
+
+
 def test_any_frame_contexts_stay_in_the_target_episode_and_vary():
     episodes = [SimpleNamespace(frames=np.zeros((n, 64, 64, 3), np.uint8)) for n in (3, 4)]
     _, targets, _ = frame_pairs(episodes, "first")
@@ -187,7 +198,7 @@ def test_mle_continues_from_a_trained_transformer(tiny_world):
     root, world_dir = tiny_world
     start = RobotWorldModel.load(world_dir).lm
     world = run_rt1_mle(RT1MLEConfig(data=str(root / "train"), tokenizer=str(root / "tok" / "final"), out=str(root / "mle2"),
-                                     sft=SFTConfig(steps=1, batch_size=4, micro_batch=4, lr=1e-9, warmup_steps=1,
+                                     moved_windows=0.5, sft=SFTConfig(steps=1, batch_size=4, micro_batch=4, lr=1e-9, warmup_steps=1,
                                                    model=str(world_dir / "lm"))))
     assert not (root / "mle2" / "init").exists(), "nothing is built from scratch"
     lm = RobotWorldModel.load(world).lm
