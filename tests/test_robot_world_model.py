@@ -14,7 +14,7 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, any_frame_contexts, frame_pairs, mle_examples, reconstruction_loss,
+    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, episode_spans, frame_pairs, mle_examples, reconstruction_loss,
     run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer, windows_with_moves,
 )
 from rlvr_gym.train.run import read_log
@@ -169,10 +169,11 @@ def test_windows_with_moves_mark_the_windows_that_predict_a_moved_object():
         run_rt1_mle(RT1MLEConfig(moved_windows=1.0))
 
 
-def test_any_frame_contexts_stay_in_the_target_episode_and_vary():
+def test_episode_spans_draw_contexts_from_the_target_episode_only():
     episodes = [SimpleNamespace(frames=np.zeros((n, 64, 64, 3), np.uint8)) for n in (3, 4)]
-    _, targets, _ = frame_pairs(episodes, "first")
-    contexts = np.stack([any_frame_contexts(episodes, targets, np.random.default_rng(i)) for i in range(200)])
+    first, length = episode_spans(episodes)
+    assert first.tolist() == frame_pairs(episodes, "first")[2].tolist() and length.tolist() == [3, 3, 4, 4, 4]
+    contexts = np.stack([first + np.random.default_rng(i).integers(0, length) for i in range(200)])
     assert set(contexts[:, :2].ravel()) == {0, 1, 2} and set(contexts[:, 2:].ravel()) == {3, 4, 5, 6}
 
 

@@ -86,13 +86,13 @@ def frame_pairs(episodes: list[Episode], context_frame: str = "first") -> tuple[
     return frames, targets, context
 
 
-def any_frame_contexts(episodes: list[Episode], targets: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """For each target (an index into `frame_pairs`' frames), a random frame of the same episode, the target itself
-    as likely as any other."""
+def episode_spans(episodes: list[Episode]) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair of `frame_pairs`, in its order: the index of its episode's first frame and the episode's length. A
+    random frame of the episode (for `--train-context any`; the target itself as likely as any other) is
+    `first + rng.integers(0, length)`."""
     lengths = np.array([len(e.frames) for e in episodes])
-    starts = np.cumsum(np.concatenate([[0], lengths[:-1]]))
-    episode = np.searchsorted(starts, targets, side="right") - 1
-    return starts[episode] + rng.integers(0, lengths[episode])
+    pairs = lengths - 1
+    return np.repeat(np.cumsum(lengths) - lengths, pairs), np.repeat(lengths, pairs)
 
 
 def tokenizer_metrics(model: FrameTokenizer, frames: np.ndarray, target_idx: np.ndarray, context_idx: np.ndarray,
@@ -158,6 +158,8 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
     model = run.model
     episodes = load_episodes(config.data)
     frames, target_idx, context_idx = frame_pairs(episodes, model.config.context_frame)
+    episode_first, episode_length = episode_spans(episodes)
+    del episodes  # `frames` holds a copy of every frame
     held = frame_pairs(load_episodes(config.heldout), model.config.context_frame) if config.heldout else None
 
     def evaluate() -> dict[str, float]:
@@ -168,7 +170,7 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
         idx = RUN.batch_indices(len(target_idx), config.batch_size, run.step, config.seed, d.rank, d.world_size)
         if config.train_context == "any":
             rng = np.random.default_rng((config.seed, run.step, d.rank))
-            contexts = any_frame_contexts(episodes, target_idx[idx], rng)
+            contexts = episode_first[idx] + rng.integers(0, episode_length[idx])
         else:
             contexts = context_idx[idx]
         target = FrameTokenizer.to_float(torch.as_tensor(frames[target_idx[idx]])).to(d.device)
@@ -252,9 +254,15 @@ class RT1MLEConfig:
     model's lm/ when its tokenizer was retrained) instead of one built from `size`."""
 
 
+def whole_object_moves(episode: Episode) -> np.ndarray:
+    """Per step t of the episode, whether a whole object moved between its real frames t and t + 1 (where the eval's
+    object error has something to count)."""
+    return R.moved_objects(episode.frames[1:], episode.frames[:-1], min_target_pixels=R.WHOLE_OBJECT_PIXELS).any(1)
+
+
 def windows_with_moves(episode: Episode, window: int) -> np.ndarray:
     """Per `mle_examples` window of the episode, whether a whole object moves in one of the frames it predicts."""
-    moved = R.moved_objects(episode.frames[1:], episode.frames[:-1], min_target_pixels=R.WHOLE_OBJECT_PIXELS).any(1)
+    moved = whole_object_moves(episode)
     return np.array([moved[start : start + window - 1].any() for start in range(len(episode.frames) - 1)], dtype=bool)
 
 
@@ -354,10 +362,8 @@ def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int,
 
 
 def object_moved(episodes: list[Episode], examples: list[dict]) -> np.ndarray:
-    """Per example, whether a whole object moved between its real frames t and t + 1 (where the eval's object error
-    has something to count)."""
-    per_episode = [R.moved_objects(e.frames[1:], e.frames[:-1], min_target_pixels=R.WHOLE_OBJECT_PIXELS).any(1)
-                   for e in episodes]
+    """Per example, whether a whole object moved between its real frames t and t + 1 (`whole_object_moves`)."""
+    per_episode = [whole_object_moves(e) for e in episodes]
     return np.array([per_episode[ex["episode"]][ex["t"]] for ex in examples], dtype=bool)
 
 
