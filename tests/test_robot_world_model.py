@@ -136,7 +136,8 @@ def test_decoder_only_fine_tune_keeps_the_codes(tiny_world):
     with pytest.raises(ValueError, match="--model"):
         train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "bad"), data=str(root / "train"), train_encoder=False))
     with pytest.raises(ValueError, match="--train-context"):
-        train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "bad"), data=str(root / "train"), train_context="last"))
+        train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "bad"), data=str(root / "train"),
+                                              train_context="last"))
     tuned = train_frame_tokenizer(TokenizerConfig(run_dir=str(root / "tok_dec"), data=str(root / "train"),
                                                   model=str(root / "tok" / "final"), train_encoder=False,
                                                   salient_weight=10, train_context="any", steps=2, batch_size=8))
