@@ -11,7 +11,8 @@
 #   RUNS=runs/rt1_16 bash docs/ship_rt1_16.sh            # then: rlvr-gym eval rt1 --checkpoint runs/rt1_16/rlvr/world_model
 #
 # Output: RUNS/{train,heldout} episodes, RUNS/tokenizer, RUNS/mle, RUNS/rlvr (each with world_model/), and one JSON
-# line per model from `eval rt1` (RUNS/eval-*.line: object_error_px* against copy_last_frame_object_error_px*).
+# line per model from `eval rt1` (RUNS/eval-*.line: object_error_px* against copy_last_frame_object_error_px*), and
+# the learned env's batched vs sequential speed on the GPU (RUNS/bench/rt1_sim.md).
 set -eu
 PY=${PY:-python3}
 RUNS=${RUNS:-runs/rt1_16}
@@ -54,6 +55,11 @@ $PY -m rlvr_gym train rt1-rlvr --data "$RUNS/train" --model "$RUNS/mle/world_mod
 for name in mle rlvr; do
   STAMP "eval $name"
   $PY -m rlvr_gym eval rt1 --checkpoint "$RUNS/$name/world_model" --episodes "$EVAL_EPISODES" --seed 21 \
-    --out "$RUNS/eval-$name.json" 2> "$RUNS/eval-$name.err" | tail -1 > "$RUNS/eval-$name.line"
+    --device auto --out "$RUNS/eval-$name.json" 2> "$RUNS/eval-$name.err" | tail -1 > "$RUNS/eval-$name.line"
 done
+
+STAMP "bench rt1_sim"
+# The learned env's batched speedup on this machine's GPU (the 15x target; a CPU core caps it near 10x).
+$PY -m bench.rt1_sim --checkpoint "$RUNS/rlvr/world_model" --device auto --out-dir "$RUNS/bench" \
+  > "$RUNS/bench_sim.log" 2>&1 || echo "bench.rt1_sim failed: see $RUNS/bench_sim.log"
 STAMP done

@@ -6,6 +6,7 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
 from stable_baselines3 import PPO
@@ -122,6 +123,25 @@ def test_bad_actions_raise_clear_errors(tiny_world):
     with pytest.raises(ValueError, match="temperature"):
         RT1WorldEnv(checkpoint=world, temperature=-1.0)
     env.step(np.full(7, 3.0))  # out of range is clipped, as in the real env
+
+
+def test_device_is_checked_and_a_gpu_steps_like_the_cpu(tiny_world):
+    world, _ = tiny_world
+    with pytest.raises(ValueError, match="not a torch device"):
+        RT1WorldEnv(checkpoint=world, device="gpu0")
+    cpu_frames, cpu_infos = rollout(RT1WorldEnv(checkpoint=world, device="cpu"), seed=3, steps=3)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            RT1WorldEnv(checkpoint=world, device="cuda")
+        return
+    # On a machine with a GPU: the same greedy rollout, up to rounding (an argmax may flip a code or two).
+    gpu_frames, gpu_infos = rollout(RT1WorldEnv(checkpoint=world, device="cuda"), seed=3, steps=3)
+    assert [i["initial_state"] for i in gpu_infos] == [i["initial_state"] for i in cpu_infos]
+    for a, b in zip(cpu_frames, gpu_frames):
+        assert b.dtype == np.uint8 and np.abs(a.astype(int) - b).mean() < 5
+    vector = RT1WorldVectorEnv(num_envs=2, checkpoint=world, device="cuda")
+    vector.reset(seed=0)
+    assert vector.step(actions(1, num_envs=2)[0])[0].shape == (2, 64, 64, 3)
 
 
 def test_task_restricts_the_initial_states(tiny_world):

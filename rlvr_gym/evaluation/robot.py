@@ -232,10 +232,13 @@ class RT1EvalConfig:
     """Sampling temperature of the predictions (0: greedy)."""
     out: str = ""
     """Optional path of a JSON file for the full result (per-step tables, baselines)."""
+    device: str = "cpu"
+    """Where the world model runs: cpu, cuda, cuda:N, or auto (the first GPU if there is one). The metrics are
+    computed on the CPU."""
 
 
 def run_rt1_eval(config: RT1EvalConfig) -> dict:
-    world = RobotWorldModel.load(config.checkpoint)
+    world = RobotWorldModel.load(config.checkpoint, config.device)
     episodes = fresh_episodes(config.episodes, config.seed, config.env_horizon)
     result = evaluate_world_model(world, episodes, config.horizon, SamplingConfig(temperature=config.temperature))
     if config.out:

@@ -184,17 +184,18 @@ class FrameTokenizer(PreTrainedModel):
 
     @torch.no_grad()
     def encode(self, frames: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
-        """uint8 frames (N, H, W, 3) -> token ids (N, tokens_per_frame); tokens do not depend on the context."""
-        codes = self.encode_latents(self.to_float(frames))
-        return self.fsq.to_indices(codes).flatten(1)
+        """uint8 frames (N, H, W, 3) -> token ids (N, tokens_per_frame) on the CPU, wherever the model lives; tokens
+        do not depend on the context."""
+        codes = self.encode_latents(self.to_float(frames.to(self.device)))
+        return self.fsq.to_indices(codes).flatten(1).cpu()
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        """Token ids (N, tokens_per_frame) and uint8 context frames -> uint8 frames (N, H, W, 3)."""
+        """Token ids (N, tokens_per_frame) and uint8 context frames -> uint8 frames (N, H, W, 3) on the CPU."""
         side = self.config.tokens_per_side
         if tokens.ndim != 2 or tokens.shape[1] != side * side:
             raise ValueError(f"expected token ids of shape (N, {side * side}), got {tuple(tokens.shape)}")
         if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.codebook_size:
             raise ValueError(f"token ids must lie in [0, {self.config.codebook_size}), got {int(tokens.min())}..{int(tokens.max())}")
-        codes = self.fsq.from_indices(tokens.view(-1, side, side))
-        return self.to_uint8(self.decode_codes(codes, self.to_float(context)))
+        codes = self.fsq.from_indices(tokens.to(self.device).view(-1, side, side))
+        return self.to_uint8(self.decode_codes(codes, self.to_float(context.to(self.device)))).cpu()

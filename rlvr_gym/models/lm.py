@@ -85,11 +85,24 @@ def load_model(name_or_dir: str | os.PathLike, dtype: torch.dtype = torch.float3
     return model, tokenizer
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    """`auto` is the first GPU when there is one, else the CPU; anything else is passed to torch.device."""
+def pick_device(name: str | torch.device = "auto") -> torch.device:
+    """`auto` is the first GPU when there is one, else the CPU; anything else is passed to torch.device. A device
+    this machine lacks is a ValueError here rather than an error deep inside the first forward pass."""
+    if isinstance(name, torch.device):
+        return name
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"device {name!r} is not a torch device (try 'cpu', 'cuda', 'cuda:1' or 'auto'): "
+                         f"{error}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: this machine has no CUDA GPU that torch can use; pass 'cpu' or 'auto'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return device
 
 
 def context_length(model: torch.nn.Module) -> int:

@@ -19,7 +19,7 @@ import torch
 
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import FrameTokenizer
-from rlvr_gym.models.lm import SHIPPED_DIR, CheckpointError, load_model, resolve_checkpoint
+from rlvr_gym.models.lm import SHIPPED_DIR, CheckpointError, load_model, pick_device, resolve_checkpoint
 from rlvr_gym.models.sampler import SamplingConfig, sample
 
 
@@ -86,7 +86,10 @@ class RobotWorldModel:
         raise CheckpointError(f"world model {str(name_or_dir)!r} is neither a directory nor a shipped checkpoint name")
 
     @classmethod
-    def load(cls, name_or_dir: str | os.PathLike) -> RobotWorldModel:
+    def load(cls, name_or_dir: str | os.PathLike, device: str | torch.device = "cpu") -> RobotWorldModel:
+        """A world model from a directory or shipped name, on `device` ("cpu", "cuda", "cuda:1", "auto" = the first
+        GPU if there is one)."""
+        device = pick_device(device)
         path = cls.resolve(name_or_dir)
         meta_file = path / "world_model.json"
         if not meta_file.is_file():
@@ -105,7 +108,17 @@ class RobotWorldModel:
             raise CheckpointError(f"{path} was trained with token layout {meta.get('layout')}; this code and its frame "
                                   f"tokenizer make {expected}")
         lm, _ = load_model(resolve_checkpoint(path / "lm"))
-        return cls(lm, frame_tokenizer, settings)
+        return cls(lm, frame_tokenizer, settings).to(device)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.lm.parameters()).device
+
+    def to(self, device: str | torch.device) -> RobotWorldModel:
+        """Both networks to `device`; frames and codes still come and go as numpy arrays."""
+        self.lm.to(device)
+        self.frame_tokenizer.to(device)
+        return self
 
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
         """Write the checkpoint directory; dtype=torch.float16 halves it for shipping (loading casts back)."""
@@ -221,7 +234,7 @@ class RobotWorldModel:
                 generator=generator, track_token_ids=(R.FLAG_RUNNING, R.FLAG_SUCCESS), allowed_tokens=allowed,
             )
             tracked = rollout.tracked_probs[:, self.frame_tokens]  # the flag's (rows, 2)
-            success[:, step] = (tracked[:, 1] / tracked.sum(-1).clamp(min=1e-9)).numpy()
+            success[:, step] = (tracked[:, 1] / tracked.sum(-1).clamp(min=1e-9)).cpu().numpy()
             completions = rollout.completions()
             if step == 0:
                 current = [current[i // num_samples] for i in range(rows)]

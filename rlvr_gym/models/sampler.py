@@ -129,6 +129,8 @@ def sample(
     stop = torch.tensor(sorted(config.stop_token_ids), dtype=torch.long, device=device)
     if allowed_tokens is not None and (allowed_tokens.shape[0] < T or not allowed_tokens.any(-1)[:T].all()):
         raise ValueError(f"allowed_tokens needs a row with at least one allowed token for each of the {T} positions")
+    if allowed_tokens is not None:
+        allowed_tokens = allowed_tokens.to(device)  # a layout mask is built on the CPU; the logits may be on a GPU
 
     decoder = make_decoder(model, prompts, max_len=max(map(len, prompts)) + T, device=device)
     logits = decoder.prefill()

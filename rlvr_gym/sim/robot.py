@@ -142,10 +142,11 @@ class _Simulator:
     sampling: SamplingConfig
 
     @classmethod
-    def load(cls, checkpoint: str | os.PathLike, task: str | None, temperature: float) -> _Simulator:
+    def load(cls, checkpoint: str | os.PathLike, task: str | None, temperature: float,
+             device: str | torch.device = "cpu") -> _Simulator:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        world = RobotWorldModel.load(checkpoint)
+        world = RobotWorldModel.load(checkpoint, device)
         states = load_initial_states(RobotWorldModel.resolve(checkpoint))
         if task is not None:
             rows = np.flatnonzero(states.tasks == task)
@@ -154,10 +155,6 @@ class _Simulator:
             states = states.select(rows)
         first_codes = np.concatenate([world.encode(f, f) for f in np.array_split(states.frames, -(-len(states) // 256))])
         return cls(world, states, first_codes, SamplingConfig(temperature=temperature))
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.world.lm.parameters()).device
 
     def start(self, rng: np.random.Generator, index: int | None = None) -> _Rollout:
         """A new rollout from initial state `index`, or one drawn with `rng`."""
@@ -237,7 +234,7 @@ def replay_max_success_probs(sim: _Simulator, episodes: Sequence[Episode], num_e
     """Replay each episode's real actions open loop from its first frame (greedy); the highest success probability
     the world model gives any predicted frame of each."""
     best = np.zeros(len(episodes))
-    generator = torch.Generator(device=sim.device).manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
     for start in range(0, len(episodes), num_envs):
         batch = list(episodes[start : start + num_envs])
         rollouts = [sim.start_from_frame(e.frames[0], e.task) for e in batch]
@@ -374,6 +371,9 @@ class RT1WorldEnv(gym.Env):
     - `temperature`: 0 for greedy frames; > 0 samples them, seeded from `np_random` at reset, so the same
       reset seed gives the same rollout.
     - `render_mode`: None or "rgb_array"; `render()` returns the last frame.
+    - `device`: where the world model runs: "cpu" (default), "cuda", "cuda:1", or "auto" (the first GPU if there is
+      one). Greedy frames agree across devices up to floating-point rounding; samples are drawn on the CPU, so a
+      seed draws the same numbers everywhere.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
@@ -385,16 +385,18 @@ class RT1WorldEnv(gym.Env):
         task: str | None = None,
         temperature: float = 0.0,
         render_mode: str | None = None,
+        device: str = "cpu",
     ):
         _check_args(horizon, render_mode, self.metadata["render_modes"])
-        self.sim = _Simulator.load(checkpoint, task, temperature)
+        self.sim = _Simulator.load(checkpoint, task, temperature, device)
         self.horizon = horizon
         self.task = task
         self.temperature = temperature
         self.render_mode = render_mode
         self.observation_space, self.action_space = _spaces()
         self._rollout: _Rollout | None = None
-        self._generator = torch.Generator(device=self.sim.device)
+        # On the CPU wherever the model runs: the same seed draws the same samples on any device.
+        self._generator = torch.Generator()
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -427,7 +429,8 @@ class RT1WorldEnv(gym.Env):
 class RT1WorldVectorEnv(VectorEnv):
     """`num_envs` copies of RT1WorldEnv sharing one world model, stepped with one batched `predict` per step.
 
-    Spaces, rewards, termination and truncation are RT1WorldEnv's (see its docstring), batched along axis 0.
+    Spaces, rewards, termination and truncation are RT1WorldEnv's (see its docstring), batched along axis 0; so are
+    the arguments, with `num_envs` and `autoreset_mode` added.
 
     ## Seeding
     `reset(seed=s)` seeds sub-env i with s + i (a list gives one seed per sub-env), the same way SyncVectorEnv
@@ -459,13 +462,14 @@ class RT1WorldVectorEnv(VectorEnv):
         temperature: float = 0.0,
         render_mode: str | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        device: str = "cpu",
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         _check_args(horizon, render_mode, self.metadata["render_modes"])
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
-        self.sim = _Simulator.load(checkpoint, task, temperature)
+        self.sim = _Simulator.load(checkpoint, task, temperature, device)
         self.num_envs = num_envs
         self.horizon = horizon
         self.task = task
@@ -477,7 +481,8 @@ class RT1WorldVectorEnv(VectorEnv):
         self._rngs = [seeding.np_random()[0] for _ in range(num_envs)]
         self._rollouts: list[_Rollout | None] = [None] * num_envs
         self._needs_reset = np.zeros(num_envs, dtype=bool)
-        self._generator = torch.Generator(device=self.sim.device)
+        # On the CPU wherever the model runs: the same seed draws the same samples on any device.
+        self._generator = torch.Generator()
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
         options = dict(options or {})

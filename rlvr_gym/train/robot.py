@@ -477,7 +477,7 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
         raise ValueError(f"--moved-prompts is a fraction in [0, 1), got {config.moved_prompts}")
     d = RUN.setup_processes(config.grpo.threads)
     out = Path(config.out)
-    world = RobotWorldModel.load(config.model)
+    world = RobotWorldModel.load(config.model, d.device)  # rolls out the prompts and decodes the rewarded frames
     lm_dir = RobotWorldModel.resolve(config.model) / "lm"
     if config.rollout_depth > 1 and (config.horizon != 1 or world.context_frame != "first"):
         raise ValueError("--rollout-depth > 1 needs --horizon 1 and a frame tokenizer conditioned on the first frame "
