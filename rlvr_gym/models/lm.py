@@ -88,8 +88,6 @@ def load_model(name_or_dir: str | os.PathLike, dtype: torch.dtype = torch.float3
 def pick_device(name: str | torch.device = "auto") -> torch.device:
     """`auto` is the first GPU when there is one, else the CPU; anything else is passed to torch.device. A device
     this machine lacks is a ValueError here rather than an error deep inside the first forward pass."""
-    if isinstance(name, torch.device):
-        return name
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
