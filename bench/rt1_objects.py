@@ -66,11 +66,13 @@ def object_rows(world: RobotWorldModel, data: list[EpisodeTokens], horizon: int)
         first = np.stack([data[i].episode.frames[0] for i, _ in where])
         target = np.stack([data[i].episode.frames[t + k] for i, t in where])
         real_codes = np.stack([data[i].codes[t + k] for i, t in where])
-        decoded = world.decode_rollout(codes, start, first)
+        before = np.stack([data[i].episode.frames[max(t - 1, 0)] for i, t in where])
+        actions = np.stack([data[i].episode.actions[t : t + k] for i, t in where])
+        decoded = world.decode_rollout(codes, start, first, before, actions)
         predicted = decoded[:, -1]
-        # The ceiling decodes the real frame's codes against the same context the model's last frame had.
-        context = start if k == 1 else decoded[:, -2]
-        ceiling = world.decode_rollout(real_codes[:, None], context, first)[:, 0]
+        # The ceiling decodes the real frame's codes against the same frames the model's last frame had.
+        history = np.concatenate([before[:, None], start[:, None], decoded[:, :-1]], 1)
+        ceiling = world.decode_rollout(real_codes[:, None], history[:, -1], first, history[:, -2], actions[:, -1:])[:, 0]
         copying = whole_object_distances(start, target, start)
         rows[f"step {k}, copy last real frame"] = breakdown(copying)
         for row, frames in ((f"step {k}, tokenizer ceiling", ceiling), (f"step {k}, model", predicted)):

@@ -47,8 +47,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def tokenizer_decode_flops(world: RobotWorldModel) -> float:
-    """FLOPs of decoding one frame, counted from the conv layers' shapes on a real forward pass."""
+def frame_decode_flops(world: RobotWorldModel) -> float:
+    """FLOPs of decoding one frame (the frame tokenizer's decoder and the motion refiner, if any), counted from the
+    conv layers' shapes on a real forward pass."""
     flops = 0
 
     def count(module, inputs, output):
@@ -56,9 +57,10 @@ def tokenizer_decode_flops(world: RobotWorldModel) -> float:
         kernel = module.weight[0].numel()  # in_channels * kh * kw
         flops += 2 * kernel * output.numel()
 
-    hooks = [m.register_forward_hook(count) for m in world.frame_tokenizer.modules() if isinstance(m, torch.nn.Conv2d)]
+    hooks = [m.register_forward_hook(count) for _, network in world.networks() if network is not world.lm
+             for m in network.modules() if isinstance(m, torch.nn.Conv2d)]
     frame = np.zeros((1, 64, 64, 3), np.uint8)
-    world.decode(np.zeros((1, world.frame_tokens), np.int64), frame)
+    world.decode_rollout(np.zeros((1, 1, world.frame_tokens), np.int64), frame, frame, frame, np.zeros((1, 1, 7)))
     for h in hooks:
         h.remove()
     return float(flops)
@@ -88,7 +90,7 @@ def main(out_dir: str = "runs/bench", checkpoint: str = "rt1-rlvr", num_envs: in
     gflops = matmul_gflops(world.device)
     prompt_tokens = 1 + world.settings.context_steps * world.step_tokens
     lm_flops = 2 * parameter_count(world.lm) * (prompt_tokens + world.frame_tokens + 1)
-    step_flops = lm_flops + tokenizer_decode_flops(world)
+    step_flops = lm_flops + frame_decode_flops(world)
     bound = gflops * 1e9 / step_flops
     result = {
         "checkpoint": checkpoint, "device": str(world.device), "num_envs": num_envs,

@@ -71,7 +71,9 @@ def best_of_n_curve(world: RobotWorldModel, episodes, n_prompts: int = 32, seed:
     lpips = np.zeros((len(prompts), n))
     for i, (e, t) in enumerate(where):
         start = np.repeat(data[e].episode.frames[t][None], n, 0)
-        pred = world.decode_rollout(codes[i][:, None], start, data[e].episode.frames[:1])[:, 0]
+        before = np.repeat(data[e].episode.frames[max(t - 1, 0)][None], n, 0)
+        actions = np.repeat(data[e].episode.actions[t][None, None], n, 0)
+        pred = world.decode_rollout(codes[i][:, None], start, data[e].episode.frames[:1], before, actions)[:, 0]
         target = np.repeat(data[e].episode.frames[t + 1][None], n, 0)
         lp = batched_lpips(pred, target).numpy()
         l1 = np.abs(pred.astype(np.float32) - target.astype(np.float32)).mean((1, 2, 3)) / 255

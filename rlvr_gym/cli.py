@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                    "convert Open X-Embodiment RT-1 RLDS TFRecords into episode shards (no TensorFlow)"),
     "train tokenizer": ("rlvr_gym.train.robot", "TokenizerConfig", "train_frame_tokenizer",
                         "train the frame tokenizer (FSQ, context-conditioned)"),
+    "train refiner": ("rlvr_gym.train.robot", "RefinerConfig", "train_motion_refiner",
+                      "train a world model's motion refiner on its transformer's own predictions"),
     "train rt1-mle": ("rlvr_gym.train.robot", "RT1MLEConfig", "run_rt1_mle", "train the video world model by maximum likelihood"),
     "train rt1-rlvr": ("rlvr_gym.train.robot", "RT1RLVRConfig", "run_rt1_rlvr",
                        "post-train the video world model with GRPO on -(L1 + LPIPS)"),

@@ -11,11 +11,13 @@ from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import FSQ, FrameTokenizer, FrameTokenizerConfig
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
+from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig, warp
 from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, episode_spans, frame_pairs, mle_examples, reconstruction_loss,
-    run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer, windows_with_moves,
+    RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, episode_spans, frame_pairs, mle_examples,
+    reconstruction_loss, run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner,
+    windows_with_moves,
 )
 from rlvr_gym.train.run import read_log
 from rlvr_gym.train.sft import SFTConfig
@@ -450,3 +452,59 @@ def test_a_fresh_tokenizer_spreads_real_frames_over_many_codes(tiny_world):
     torch.manual_seed(0)
     tokens = FrameTokenizer(FrameTokenizerConfig()).encode(frames)
     assert tokens.unique().numel() > 50
+
+
+def test_warp_moves_pixels_by_the_flow_and_zero_flow_copies_exactly():
+    images = torch.rand(2, 3, 16, 16)
+    assert torch.equal(warp(images, torch.zeros(2, 2, 16, 16)), images)
+    right = torch.zeros(2, 2, 16, 16)
+    right[:, 0] = 1.0  # each pixel samples the one to its right: the picture moves one pixel left
+    assert torch.allclose(warp(images, right)[..., :-1], images[..., 1:], atol=1e-5)
+    down_half = torch.zeros(2, 2, 16, 16)
+    down_half[:, 1] = 0.5
+    assert torch.allclose(warp(images, down_half)[..., :-1, :], (images[..., :-1, :] + images[..., 1:, :]) / 2, atol=1e-5)
+
+
+def test_a_fresh_refiner_mixes_the_last_frame_and_the_decoded_one_evenly():
+    refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
+    last, decoded = np.full((2, 64, 64, 3), 100, np.uint8), np.full((2, 64, 64, 3), 200, np.uint8)
+    out = refiner.refine(last, last, decoded, np.zeros((2, 7), np.float32))
+    assert (out == 150).all()
+    with pytest.raises(ValueError, match="actions of shape"):
+        refiner.refine(last, last, decoded, np.zeros((2, 6), np.float32))
+    with pytest.raises(ValueError, match="decoded: expected uint8"):
+        refiner.refine(last, last, decoded[:, :32], np.zeros((2, 7), np.float32))
+
+
+def test_motion_refiner_trains_on_the_models_predictions_resumes_and_travels_with_the_world_model(tiny_world, tmp_path):
+    root, world_dir = tiny_world
+    config = RefinerConfig(run_dir=str(root / "refiner"), world_model=str(world_dir), data=str(root / "train"),
+                           heldout=str(root / "heldout"), prediction_episodes=2, steps=2, batch_size=4, save_every=1,
+                           width=8, moved_fraction=0.0, eval_transitions=8)
+    with pytest.raises(ValueError, match="--moved-fraction"):
+        train_motion_refiner(RefinerConfig(**{**vars(config), "moved_fraction": 1.0}))
+    out = train_motion_refiner(config)
+    assert sorted(p.name for p in (root / "refiner").glob("predictions_*")) == ["predictions_0_of_1.npz"]
+    evals = [row for row in read_log(root / "refiner") if "eval/psnr_refined" in row]
+    assert evals and {"eval/object_error_px_copy", "eval/psnr_decoded"} <= set(evals[-1])
+    resumed = train_motion_refiner(RefinerConfig(**{**vars(config), "steps": 3, "resume": True}))
+    assert resumed == out and read_log(root / "refiner")[-1]["step"] == 3
+    world, plain = RobotWorldModel.load(out), RobotWorldModel.load(world_dir)
+    assert world.refiner is not None and plain.refiner is None
+    assert (out / "initial_states.npz").is_file(), "the learned env can reset from it"
+    assert any(p.abs().sum() > 0 for p in world.refiner.head[-1].parameters()), "the refiner learned"
+
+    episode = load_episodes(root / "heldout")[0]
+    frames, actions = episode.frames, episode.actions
+    codes = world.encode(frames[2:4], frames[:1])[None]
+    with pytest.raises(ValueError, match="needs `before`"):
+        world.decode_rollout(codes, frames[1:2], frames[:1])
+    rolled = world.decode_rollout(codes, frames[1:2], frames[:1], frames[:1], actions[None, 1:3])
+    first = world.refiner.refine(frames[:1], frames[1:2], world.decode(codes[0, :1], frames[:1]), actions[1:2])
+    second = world.refiner.refine(frames[1:2], first, world.decode(codes[0, 1:], frames[:1]), actions[2:3])
+    assert np.array_equal(rolled[0, 0], first[0]) and np.array_equal(rolled[0, 1], second[0]), "refined in order"
+
+    copy = world.save(tmp_path / "copy")
+    (copy / "motion_refiner" / "model.safetensors").write_bytes(b"not a tensor file")
+    with pytest.raises(CheckpointError, match="motion refiner"):
+        RobotWorldModel.load(copy)

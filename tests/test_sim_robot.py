@@ -17,6 +17,7 @@ import rlvr_gym  # noqa: F401  (registers the env ids)
 from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
 from rlvr_gym.models.lm import CheckpointError, LlamaSize
 from rlvr_gym.sim import register_envs
+from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.sim.robot import (INITIAL_STATES, CalibrateConfig, RT1WorldEnv, RT1WorldVectorEnv, balanced_accuracy, best_threshold,
                                 calibrate, load_initial_states, save_initial_states)
@@ -311,3 +312,35 @@ def test_calibration_writes_per_task_thresholds_that_the_sim_uses(tiny_world, tm
     assert terminated and reward == 1.0 and info["is_success"]
     with pytest.raises(ValueError, match="directory you can write to"):
         calibrate(CalibrateConfig(checkpoint="rt1-rlvr"))
+
+
+def test_a_world_model_with_a_motion_refiner_steps_through_the_env_frame_by_frame(tiny_world, tmp_path):
+    world_dir, _ = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    torch.manual_seed(0)
+    world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
+    torch.nn.init.normal_(world.refiner.head[-1].weight, std=0.05)  # a refiner that moves pixels, not a fresh one's even mix
+    refined_dir = world.save(tmp_path / "refined")
+    save_initial_states(refined_dir, load_episodes(world_dir.parent.parent / "train"))
+    env = gym.make(ENV_ID, checkpoint=refined_dir, horizon=5, render_mode="rgb_array").unwrapped
+    check_env(env)
+    obs, info = env.reset(seed=3)
+    first = before = last = obs
+    for action in actions(3, seed=2):
+        obs, *_ = env.step(action)
+        codes = np.asarray(env._rollout.codes[-1])[None]
+        expected = world.refiner.refine(before[None], last[None], world.decode(codes, first[None]), action[None])[0]
+        np.testing.assert_array_equal(obs, expected)
+        before, last = last, obs
+    venv = gym.make_vec(ENV_ID, num_envs=2, vectorization_mode="vector_entry_point", checkpoint=refined_dir, horizon=5)
+    obs, _ = venv.reset(seed=4)
+    first = before = last = obs
+    alive = np.ones(2, dtype=bool)
+    for batch in actions(3, seed=5, num_envs=2):
+        obs, _, terminated, truncated, _ = venv.step(batch)
+        codes = np.stack([r.codes[-1] for r in venv._rollouts])
+        expected = world.refiner.refine(before, last, world.decode(codes, first), batch)
+        # Convolutions may round differently at another batch size: one grey level at most.
+        np.testing.assert_allclose(obs[alive].astype(int), expected[alive].astype(int), atol=1, rtol=0)
+        alive &= ~(terminated | truncated)  # an ended sub-env starts again on the next step
+        before, last = last, obs

@@ -123,9 +123,11 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
     prev_codes = np.stack([data[i].codes[t] for i, t in where])
     next_codes = np.stack([data[i].codes[t + 1] for i, t in where])
     firsts = np.stack([data[i].episode.frames[0] for i, _ in where])
+    befores = np.stack([data[i].episode.frames[max(t - 1, 0)] for i, t in where])
+    actions = np.stack([data[i].episode.actions[t] for i, t in where])[:, None]
 
     def decode_one(c: np.ndarray) -> np.ndarray:
-        return world.decode_rollout(c[:, None], prev, firsts)[:, 0]
+        return world.decode_rollout(c[:, None], prev, firsts, befores, actions)[:, 0]
 
     pred = decode_one(codes[:, 0])
     result["single"] = {
@@ -143,7 +145,9 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
         codes = choose(prompts, horizon, future) if choose else predict_in_batches(world, prompts, horizon, future, sampling)[0]
         per_step = []
         start = np.stack([data[i].episode.frames[t] for i, t in where])
-        preds = world.decode_rollout(codes, start, np.stack([data[i].episode.frames[0] for i, _ in where]))
+        preds = world.decode_rollout(codes, start, np.stack([data[i].episode.frames[0] for i, _ in where]),
+                                     np.stack([data[i].episode.frames[max(t - 1, 0)] for i, t in where]),
+                                     np.stack([data[i].episode.actions[t : t + horizon] for i, t in where]))
         for j in range(horizon):
             target = np.stack([data[i].episode.frames[t + 1 + j] for i, t in where])
             prev = np.stack([data[i].episode.frames[t + j] for i, t in where])
@@ -208,7 +212,8 @@ def rollout_gif(worlds: dict[str, RobotWorldModel], episode, steps: int, path: P
             c, p, _ = world.predict([prompt], k=1)
             codes.append(c[0, 0])
             flags.append(bool(p[0, 0] > 0.5))
-            frames.append(world.decode_rollout(c, frames[-1][None], episode.frames[:1])[0, 0])
+            frames.append(world.decode_rollout(c, frames[-1][None], episode.frames[:1], frames[max(t - 1, 0)][None],
+                                               episode.actions[t][None, None])[0, 0])
         columns.append(np.stack(frames))
     images = [Image.fromarray(np.concatenate([col[t] for col in columns], 1)).resize((64 * len(columns) * 3, 192), Image.NEAREST)
               for t in range(steps + 1)]

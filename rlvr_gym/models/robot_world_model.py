@@ -3,6 +3,7 @@
 A checkpoint directory holds
     lm/               Hugging Face causal LM over rlvr_gym.domains.robot's token layout
     frame_tokenizer/  FrameTokenizer (safetensors)
+    motion_refiner/   MotionRefiner (optional): moves the last frame's pixels where the decoder would redraw them
     world_model.json  context_steps and the layout the LM was trained with (codebook, tokens per frame, vocabulary)
 Rollouts keep at most `context_steps` past steps in the prompt (the window slides, as in RLVR-World).
 """
@@ -19,6 +20,7 @@ import torch
 
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import FrameTokenizer
+from rlvr_gym.models.motion_refiner import MotionRefiner
 from rlvr_gym.models.lm import SHIPPED_DIR, CheckpointError, load_model, pick_device, resolve_checkpoint
 from rlvr_gym.models.sampler import SamplingConfig, sample
 
@@ -53,8 +55,19 @@ def load_frame_tokenizer(path: str | os.PathLike) -> FrameTokenizer:
         raise CheckpointError(f"frame tokenizer in {path} could not be loaded ({type(error).__name__}: {error})") from error
 
 
+def load_motion_refiner(path: str | os.PathLike) -> MotionRefiner:
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path} holds no motion refiner (config.json missing)")
+    try:
+        return MotionRefiner.from_pretrained(path, dtype=torch.float32).eval()
+    except Exception as error:
+        raise CheckpointError(f"motion refiner in {path} could not be loaded ({type(error).__name__}: {error})") from error
+
+
 class RobotWorldModel:
-    def __init__(self, lm: torch.nn.Module, frame_tokenizer: FrameTokenizer, settings: WorldModelSettings):
+    def __init__(self, lm: torch.nn.Module, frame_tokenizer: FrameTokenizer, settings: WorldModelSettings,
+                 refiner: MotionRefiner | None = None):
         if lm.config.vocab_size != R.VOCAB_SIZE:
             raise CheckpointError(f"the transformer's vocabulary ({lm.config.vocab_size}) is not the robot layout's ({R.VOCAB_SIZE})")
         tok_config = frame_tokenizer.config
@@ -66,6 +79,10 @@ class RobotWorldModel:
         self.lm = lm.eval()
         self.frame_tokenizer = frame_tokenizer.eval()
         self.settings = settings
+        self.refiner = refiner.eval() if refiner is not None else None
+        if refiner is not None and refiner.config.image_size != tok_config.image_size:
+            raise CheckpointError(f"the motion refiner works on {refiner.config.image_size}px frames, the tokenizer's "
+                                  f"are {tok_config.image_size}px")
 
     @property
     def frame_tokens(self) -> int:
@@ -108,23 +125,29 @@ class RobotWorldModel:
             raise CheckpointError(f"{path} was trained with token layout {meta.get('layout')}; this code and its frame "
                                   f"tokenizer make {expected}")
         lm, _ = load_model(resolve_checkpoint(path / "lm"))
-        return cls(lm, frame_tokenizer, settings).to(device)
+        refiner = load_motion_refiner(path / "motion_refiner") if (path / "motion_refiner").exists() else None
+        return cls(lm, frame_tokenizer, settings, refiner).to(device)
 
     @property
     def device(self) -> torch.device:
         return next(self.lm.parameters()).device
 
     def to(self, device: str | torch.device) -> RobotWorldModel:
-        """Both networks to `device`; frames and codes still come and go as numpy arrays."""
-        self.lm.to(device)
-        self.frame_tokenizer.to(device)
+        """The networks to `device`; frames and codes still come and go as numpy arrays."""
+        for _, module in self.networks():
+            module.to(device)
         return self
+
+    def networks(self) -> list[tuple[str, torch.nn.Module]]:
+        """The networks and their directory names in a checkpoint."""
+        named = [("lm", self.lm), ("frame_tokenizer", self.frame_tokenizer)]
+        return named + ([("motion_refiner", self.refiner)] if self.refiner is not None else [])
 
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
         """Write the checkpoint directory; dtype=torch.float16 halves it for shipping (loading casts back)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        for module, name in ((self.lm, "lm"), (self.frame_tokenizer, "frame_tokenizer")):
+        for name, module in self.networks():
             original = next(module.parameters()).dtype
             module.to(dtype).save_pretrained(path / name, safe_serialization=True)
             module.to(original)
@@ -166,24 +189,39 @@ class RobotWorldModel:
     def context_frame(self) -> str:
         return self.frame_tokenizer.config.context_frame
 
-    def decode_rollout(self, codes: np.ndarray, start: np.ndarray, first: np.ndarray) -> np.ndarray:
+    def decode_rollout(self, codes: np.ndarray, start: np.ndarray, first: np.ndarray, before: np.ndarray | None = None,
+                       actions: np.ndarray | None = None) -> np.ndarray:
         """Codes (N, k, frame_tokens) of k frames predicted from the real frames `start` (N, 64, 64, 3) -> frames
         (N, k, 64, 64, 3).
 
         A tokenizer conditioned on the episode's `first` frame decodes them all against it; one conditioned on the
         previous frame decodes them in order, each against the one decoded before (the first against `start`).
+        With a motion refiner each decoded frame is refined in order from the two frames before it, so it also
+        needs `before`, the real frame before `start` (`start` itself at an episode's first step), and `actions`
+        (N, k, 7), the action that led to each frame.
         """
         codes = np.asarray(codes)
         if codes.ndim != 3 or codes.shape[2] != self.frame_tokens:
             raise ValueError(f"expected codes of shape (N, k, {self.frame_tokens}), got {codes.shape}")
         n, k = codes.shape[:2]
-        if self.context_frame == "first":
+        if self.refiner is None and self.context_frame == "first":
             context = np.repeat(np.asarray(first), k, 0) if len(first) == n else first
             return self.decode(codes.reshape(n * k, -1), context).reshape(n, k, *start.shape[1:])
-        frames, context = [], start
+        if self.refiner is not None:
+            if before is None or actions is None:
+                raise ValueError("this world model refines its frames by motion: decode_rollout needs `before` (the "
+                                 "real frame before `start`) and `actions` (N, k, 7)")
+            actions = np.asarray(actions, dtype=np.float32)
+            if actions.shape[:2] != (n, k):
+                raise ValueError(f"expected one action per predicted frame, shape ({n}, {k}, 7), got {actions.shape}")
+        frames, last = [], start
         for j in range(k):
-            context = self.decode(codes[:, j], context)
-            frames.append(context)
+            frame = self.decode(codes[:, j], first if self.context_frame == "first" else last)
+            if self.refiner is not None:
+                frame = self.refiner.refine(np.asarray(before), np.asarray(last), frame, actions[:, j])
+                before = last
+            frames.append(frame)
+            last = frame
         return np.stack(frames, 1)
 
     # ------------------------------------------------------------------------------------------ prompts

@@ -127,6 +127,8 @@ class _Rollout:
     """Success probability above which a predicted frame counts as success (the checkpoint's, for this task)."""
     first_frame: np.ndarray
     """The real first frame: the context of a frame tokenizer conditioned on it (else the last frame is)."""
+    before: np.ndarray
+    """The frame before `frame` (`frame` itself at the start), which a motion refiner reads."""
     steps: int = 0
     success_prob: float = 0.0
     error: str | None = None
@@ -177,7 +179,7 @@ class _Simulator:
         # the next action (which drops the oldest) makes them line up again.
         codes = deque([first_code], maxlen=n)
         threshold = self.world.settings.success_threshold(task)
-        return _Rollout(index, sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold, frame)
+        return _Rollout(index, sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold, frame, frame.copy())
 
     def advance(self, rollouts: list[_Rollout], actions: np.ndarray, generator: torch.Generator | None) -> None:
         """Predict the next frame of every rollout under its action with one batched `predict` call."""
@@ -190,9 +192,11 @@ class _Simulator:
             if error is not None:  # the layout mask makes this unreachable for a sane model; repeat the last frame
                 codes[i] = rollout.codes[-1]
         starts, firsts = np.stack([r.frame for r in rollouts]), np.stack([r.first_frame for r in rollouts])
-        frames = self.world.decode_rollout(codes[:, None], starts, firsts)[:, 0]
+        befores = np.stack([r.before for r in rollouts])
+        frames = self.world.decode_rollout(codes[:, None], starts, firsts, befores, np.asarray(actions)[:, None])[:, 0]
         for rollout, code, prob, frame, error in zip(rollouts, codes, success, frames, errors):
             rollout.codes.append(code)
+            rollout.before = rollout.frame
             rollout.flags.append(bool(prob > rollout.threshold))
             rollout.frame, rollout.success_prob, rollout.error = frame, float(prob), error
             rollout.steps += 1

@@ -2,6 +2,7 @@
 
     rlvr-gym train tokenizer --data runs/rt1/train --heldout runs/rt1/heldout --run-dir runs/rt1/tokenizer
     rlvr-gym train rt1-mle   --data runs/rt1/train --tokenizer runs/rt1/tokenizer/final --run-dir runs/rt1/mle
+    rlvr-gym train refiner   --data runs/rt1/train --world-model runs/rt1/mle/world_model --run-dir runs/rt1/refiner
     rlvr-gym train rt1-rlvr  --data runs/rt1/train --model runs/rt1/mle/world_model --run-dir runs/rt1/rlvr
 """
 
@@ -21,7 +22,8 @@ from rlvr_gym.data.episodes import Episode, load_episodes
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import CONTEXT_FRAMES, FrameTokenizer, FrameTokenizerConfig
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
-from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings, load_frame_tokenizer
+from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig
+from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings, load_frame_tokenizer, load_motion_refiner
 from rlvr_gym.sim.robot import save_initial_states
 from rlvr_gym.train import run as RUN
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
@@ -184,6 +186,169 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
                    "time/frames_per_s": len(idx) / (time.perf_counter() - started)}
         run.end_step(metrics, evaluate if held is not None else None, postfix=["train/loss"])
     return run.finish()
+
+
+# ---------------------------------------------------------------------------------------------------- motion refiner
+
+
+@dataclass
+class RefinerConfig(RUN.RunConfig):
+    run_dir: str = "runs/rt1/refiner"
+    """Directory for checkpoints, logs, the final refiner and RUN_DIR/world_model (the world model with it)."""
+    world_model: str = "runs/rt1/mle/world_model"
+    """The world model (a directory or shipped name) whose transformer's greedy predictions the refiner learns to
+    draw, and which RUN_DIR/world_model copies with the refiner added."""
+    data: str = "runs/rt1/train"
+    """Training episodes (`rlvr-gym collect rt1`)."""
+    heldout: str = ""
+    """Held-out episodes for eval/ (object error and PSNR of refined predictions, with copying's; optional)."""
+    prediction_episodes: int = 240
+    """Training episodes whose transitions the transformer predicts, once, before training (about 1.5 CPU-minutes
+    per 60 on two processes), saved in RUN_DIR so a resumed run reuses them. 0: all."""
+    steps: int = 1500
+    """Optimizer steps."""
+    lr: float = 1e-3
+    """Peak learning rate (AdamW)."""
+    warmup_steps: int = 50
+    """Linear warm-up steps."""
+    batch_size: int = 32
+    """Transitions per step on each process."""
+    real_fraction: float = 0.5
+    """Fraction of each batch decoded from the real next frame's codes instead of the predicted ones: the refiner
+    learns to trust codes that are right as well as to correct the transformer's."""
+    moved_fraction: float = 0.0
+    """Fraction of each batch drawn from transitions where a whole object moves (about 9% of them as collected)."""
+    salient_weight: float = 10.0
+    """Extra loss weight on saturated pixels of the target (objects, drawer front, target disc), as the tokenizer's."""
+    width: int = 32
+    """Conv width of the refiner's first stage (x2, x3 below)."""
+    eval_transitions: int = 512
+    """Held-out transitions scored at each evaluation."""
+
+
+def greedy_predictions(world: RobotWorldModel, episodes: list[Episode], batch: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The transformer's greedy next-frame codes from the real history at every step of the episodes, with each
+    row's (episode, t): codes (rows, frame_tokens), unparsable rows left out."""
+    codes, where = [], []
+    for e, episode in enumerate(episodes):
+        real = episode_codes(world.frame_tokenizer, episode)
+        flags = frame_flags(episode)
+        prompts = [world.prompt(real[: t + 1], flags[: t + 1], episode.actions[: t + 1]) for t in range(len(episode.actions))]
+        for s in range(0, len(prompts), batch):
+            predicted, _, errors = world.predict(prompts[s : s + batch], k=1)
+            keep = [i for i, error in enumerate(errors) if error is None]
+            codes.append(predicted[keep, 0])
+            where += [(e, s + i) for i in keep]
+    where = np.array(where, dtype=np.int64).reshape(-1, 2)
+    return np.concatenate(codes) if codes else np.zeros((0, world.frame_tokens), np.int64), where[:, 0], where[:, 1]
+
+
+def load_refiner_for_training(path: str | os.PathLike) -> tuple[MotionRefiner, None]:
+    return load_motion_refiner(path).train(), None
+
+
+def refiner_batch(episodes: list[Episode], rows: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, ...]:
+    """uint8 frames t-1 (t at an episode's start), t, t+1, the first frame, and action t of each (episode, t)."""
+    pick = lambda offset: np.stack([episodes[e].frames[max(s + offset, 0)] for e, s in zip(rows, t)])
+    actions = np.stack([episodes[e].actions[s] for e, s in zip(rows, t)]).astype(np.float32)
+    return pick(-1), pick(0), pick(1), np.stack([episodes[e].frames[0] for e in rows]), actions
+
+
+def train_motion_refiner(config: RefinerConfig) -> Path:
+    """Train a motion refiner on a world model's own greedy predictions (and the real codes) against the real next
+    frames; the transformer and the tokenizer stay as they are. Writes RUN_DIR/world_model with the refiner."""
+    if not 0 <= config.real_fraction <= 1 or not 0 <= config.moved_fraction < 1:
+        raise ValueError(f"--real-fraction must lie in [0, 1] and --moved-fraction in [0, 1), got "
+                         f"{config.real_fraction} and {config.moved_fraction}")
+    d = RUN.setup_processes(config.threads)
+    run_dir = Path(config.run_dir)
+    world = RobotWorldModel.load(config.world_model, d.device)
+    if world.refiner is not None:
+        log.info("%s already has a motion refiner; training a new one in its place", config.world_model)
+        world.refiner = None
+    episodes = load_episodes(config.data)
+    chosen = np.sort(np.random.default_rng(config.seed).permutation(len(episodes))[: config.prediction_episodes or None])
+    # Each process predicts its share of the episodes once; a resumed run reads them back.
+    part = run_dir / f"predictions_{d.rank}_of_{d.world_size}.npz"
+    if not part.is_file():
+        mine = chosen[d.rank :: d.world_size]
+        codes, rows, t = greedy_predictions(world, [episodes[i] for i in mine])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(part.with_suffix(".tmp.npz"), codes=codes, episode=mine[rows], t=t)
+        os.replace(part.with_suffix(".tmp.npz"), part)
+    RUN.barrier(d)
+    parts = [np.load(run_dir / f"predictions_{r}_of_{d.world_size}.npz") for r in range(d.world_size)]
+    codes, rows, t = (np.concatenate([p[k] for p in parts]) for k in ("codes", "episode", "t"))
+    real_codes = [None] * len(episodes)
+    for e in np.unique(rows):
+        real_codes[e] = episode_codes(world.frame_tokenizer, episodes[e])
+    moves = {e: whole_object_moves(episodes[e]) for e in np.unique(rows)}
+    moved = np.array([moves[e][s] for e, s in zip(rows, t)], dtype=bool)
+    log.info("%d predicted transitions from %d episodes, a whole object moving in %d", len(rows), len(chosen), moved.sum())
+    if config.moved_fraction > 0 and not moved.any():
+        raise ValueError("--moved-fraction > 0, but no predicted transition moves a whole object")
+    if not config.model:
+        init = run_dir / "init"
+        if d.is_main and not (init / "config.json").is_file():
+            torch.manual_seed(config.seed)
+            MotionRefiner(MotionRefinerConfig(width=config.width, action_dim=R.ACTION_DIM)).save_pretrained(init)
+        RUN.barrier(d)
+        config = RefinerConfig(**{**vars(config), "model": str(init)})
+    run = RUN.Run(config, "refiner", load=load_refiner_for_training)
+    held = load_episodes(config.heldout) if config.heldout else None
+    to_float = lambda x: FrameTokenizer.to_float(torch.as_tensor(x)).to(d.device)
+
+    def evaluate() -> dict[str, float]:
+        world.refiner = run.model
+        return refiner_metrics(world, held, config.eval_transitions)
+
+    while run.running():
+        started = time.perf_counter()
+        rng = np.random.default_rng((config.seed, run.step, d.rank))
+        idx = rng.integers(0, len(rows), config.batch_size)
+        n_moved = int(config.moved_fraction * config.batch_size)
+        if n_moved:
+            idx[:n_moved] = rng.choice(np.flatnonzero(moved), n_moved)
+        before, last, target, first, actions = refiner_batch(episodes, rows[idx], t[idx])
+        use_real = rng.random(len(idx)) < config.real_fraction
+        next_codes = np.where(use_real[:, None], np.stack([real_codes[e][s + 1] for e, s in zip(rows[idx], t[idx])]), codes[idx])
+        decoded = world.decode(next_codes, first if world.context_frame == "first" else last)
+        run.model.train()
+        refined = run.ddp_model(to_float(before), to_float(last), to_float(decoded), torch.as_tensor(actions).to(d.device))
+        loss = reconstruction_loss(refined, to_float(target), config.salient_weight)
+        loss.backward()
+        grad_norm = run.optimizer_step()
+        metrics = {"train/loss": loss.item(), "train/grad_norm": grad_norm,
+                   "time/transitions_per_s": len(idx) / (time.perf_counter() - started)}
+        run.end_step(metrics, evaluate if held is not None else None, postfix=["train/loss"])
+    final = run.finish()
+    if d.is_main:
+        world.refiner = load_motion_refiner(final)
+        world.to("cpu").save(run_dir / "world_model")
+        source = RobotWorldModel.resolve(config.world_model)
+        if (source / "initial_states.npz").is_file():
+            shutil.copy2(source / "initial_states.npz", run_dir / "world_model" / "initial_states.npz")
+    RUN.barrier(d)
+    return run_dir / "world_model"
+
+
+def refiner_metrics(world: RobotWorldModel, episodes: list[Episode], n: int) -> dict[str, float]:
+    """Object error and PSNR of the refined greedy predictions on n evenly spaced held-out transitions, with the
+    plain decoder's and copying the last frame's."""
+    where = [(e, s) for e, episode in enumerate(episodes) for s in range(len(episode.actions))]
+    where = [where[i] for i in np.linspace(0, len(where) - 1, min(n, len(where))).astype(int)]
+    rows, t = np.array([w[0] for w in where]), np.array([w[1] for w in where])
+    codes = {e: episode_codes(world.frame_tokenizer, episodes[e]) for e in np.unique(rows)}
+    prompts = [world.prompt(codes[e][: s + 1], frame_flags(episodes[e])[: s + 1], episodes[e].actions[: s + 1]) for e, s in where]
+    predicted = np.concatenate([world.predict(prompts[i : i + 64], k=1)[0] for i in range(0, len(prompts), 64)])
+    before, last, target, first, actions = refiner_batch(episodes, rows, t)
+    refined = world.decode_rollout(predicted, last, first, before, actions[:, None])[:, 0]
+    plain = world.decode(predicted[:, 0], first if world.context_frame == "first" else last)
+    metrics = {}
+    for name, frames in (("refined", refined), ("decoded", plain), ("copy", last)):
+        metrics[f"psnr_{name}"] = float(R.psnr(torch.as_tensor(frames), torch.as_tensor(target)).clamp(max=60).mean())
+        metrics[f"object_error_px_{name}"] = R.object_position_error(frames, target, last, min_target_pixels=R.WHOLE_OBJECT_PIXELS)
+    return metrics
 
 
 # ---------------------------------------------------------------------------------------------------- sequences
@@ -433,7 +598,7 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
 
     def reward(completion_ids, episode, t, last_codes=None, **_) -> list[dict]:
         results: list[dict | None] = [None] * len(completion_ids)
-        codes, targets, starts, firsts, rows = [], [], [], [], []
+        codes, targets, starts, firsts, befores, actions, rows = [], [], [], [], [], [], []
         for i, (ids, e, step) in enumerate(zip(completion_ids, episode, t)):
             frames, _, error = R.parse_rollout(ids, horizon, world.frame_tokens)
             if error:
@@ -443,9 +608,12 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
             targets.append(episodes[e].frames[step + 1 : step + 1 + horizon])
             starts.append(episodes[e].frames[step])
             firsts.append(episodes[e].frames[0])
+            befores.append(episodes[e].frames[max(step - 1, 0)])
+            actions.append(episodes[e].actions[step : step + horizon])
             rows.append(i)
         if rows:
-            pred = world.decode_rollout(np.stack(codes), np.stack(starts), np.stack(firsts))
+            pred = world.decode_rollout(np.stack(codes), np.stack(starts), np.stack(firsts), np.stack(befores),
+                                        np.stack(actions))
             pred = pred.reshape(-1, *pred.shape[2:])
             target = np.concatenate(targets)
             l1, lpips = (x.numpy() for x in R.frame_reward_terms(pred, target))
