@@ -28,8 +28,11 @@ from rlvr_gym.models.frame_tokenizer import FrameTokenizer, ResBlock
 class MotionRefinerConfig(PretrainedConfig):
     model_type = "rlvr_motion_refiner"
 
-    def __init__(self, width: int = 32, action_dim: int = 7, image_size: int = 64, **kwargs):
+    def __init__(self, width: int = 32, bottleneck_blocks: int = 2, action_dim: int = 7, image_size: int = 64, **kwargs):
+        if width % 8:
+            raise ValueError(f"width must be a multiple of 8 (group norms of 8 groups), got {width}")
         self.width = width
+        self.bottleneck_blocks = bottleneck_blocks
         self.action_dim = action_dim
         self.image_size = image_size
         super().__init__(**kwargs)
@@ -46,7 +49,7 @@ class MotionRefiner(PreTrainedModel):
         self.stem = nn.Sequential(nn.Conv2d(inputs, w, 3, padding=1), nn.SiLU(), nn.Conv2d(w, w, 3, padding=1), nn.SiLU())
         self.down1 = nn.Sequential(nn.Conv2d(w, 2 * w, 4, 2, 1), nn.GroupNorm(8, 2 * w), nn.SiLU(), ResBlock(2 * w))
         self.down2 = nn.Sequential(nn.Conv2d(2 * w, 3 * w, 4, 2, 1), nn.GroupNorm(8, 3 * w), nn.SiLU(),
-                                   ResBlock(3 * w), ResBlock(3 * w))
+                                   *[ResBlock(3 * w) for _ in range(config.bottleneck_blocks)])
         self.up2 = nn.Sequential(nn.Conv2d(3 * w, 8 * w, 3, padding=1), nn.PixelShuffle(2), nn.SiLU())
         self.up1 = nn.Sequential(nn.Conv2d(4 * w, 4 * w, 3, padding=1), nn.PixelShuffle(2), nn.SiLU())
         self.head = nn.Sequential(nn.Conv2d(2 * w, w, 3, padding=1), nn.SiLU(), nn.Conv2d(w, 3, 3, padding=1))

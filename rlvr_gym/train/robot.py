@@ -221,7 +221,10 @@ class RefinerConfig(RUN.RunConfig):
     salient_weight: float = 10.0
     """Extra loss weight on saturated pixels of the target (objects, drawer front, target disc), as the tokenizer's."""
     width: int = 32
-    """Conv width of the refiner's first stage (x2, x3 below)."""
+    """Conv width of the refiner's first stage (x2, x3 below); a multiple of 8."""
+    bottleneck_blocks: int = 2
+    """Residual blocks at the refiner's 16x16 stage. Width 24 with 1 block (437k parameters, 0.9 MB in fp16) fits
+    the shipped checkpoints' 10 MB budget beside the transformer and the tokenizer."""
     eval_transitions: int = 512
     """Held-out transitions scored at each evaluation."""
 
@@ -229,18 +232,20 @@ class RefinerConfig(RUN.RunConfig):
 def greedy_predictions(world: RobotWorldModel, episodes: list[Episode], batch: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The transformer's greedy next-frame codes from the real history at every step of the episodes, with each
     row's (episode, t): codes (rows, frame_tokens), unparsable rows left out."""
-    codes, where = [], []
+    prompts, where = [], []
     for e, episode in enumerate(episodes):
-        real = episode_codes(world.frame_tokenizer, episode)
-        flags = frame_flags(episode)
-        prompts = [world.prompt(real[: t + 1], flags[: t + 1], episode.actions[: t + 1]) for t in range(len(episode.actions))]
-        for s in range(0, len(prompts), batch):
-            predicted, _, errors = world.predict(prompts[s : s + batch], k=1)
-            keep = [i for i, error in enumerate(errors) if error is None]
-            codes.append(predicted[keep, 0])
-            where += [(e, s + i) for i in keep]
-    where = np.array(where, dtype=np.int64).reshape(-1, 2)
-    return np.concatenate(codes) if codes else np.zeros((0, world.frame_tokens), np.int64), where[:, 0], where[:, 1]
+        real, flags = episode_codes(world.frame_tokenizer, episode), frame_flags(episode)
+        for t in range(len(episode.actions)):
+            prompts.append(world.prompt(real[: t + 1], flags[: t + 1], episode.actions[: t + 1]))
+            where.append((e, t))
+    codes, keep = [], []
+    for s in range(0, len(prompts), batch):
+        predicted, _, errors = world.predict(prompts[s : s + batch], k=1)
+        codes.append(predicted[:, 0])
+        keep += [error is None for error in errors]
+    where = np.array(where, dtype=np.int64).reshape(-1, 2)[np.array(keep, dtype=bool)]
+    codes = np.concatenate(codes)[np.array(keep, dtype=bool)] if codes else np.zeros((0, world.frame_tokens), np.int64)
+    return codes, where[:, 0], where[:, 1]
 
 
 def load_refiner_for_training(path: str | os.PathLike) -> tuple[MotionRefiner, None]:
@@ -291,7 +296,7 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
         init = run_dir / "init"
         if d.is_main and not (init / "config.json").is_file():
             torch.manual_seed(config.seed)
-            MotionRefiner(MotionRefinerConfig(width=config.width, action_dim=R.ACTION_DIM)).save_pretrained(init)
+            MotionRefiner(MotionRefinerConfig(config.width, config.bottleneck_blocks, R.ACTION_DIM)).save_pretrained(init)
         RUN.barrier(d)
         config = RefinerConfig(**{**vars(config), "model": str(init)})
     run = RUN.Run(config, "refiner", load=load_refiner_for_training)
