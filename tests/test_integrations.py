@@ -269,7 +269,8 @@ def test_rt1_export_holds_the_trainers_prompts_and_the_real_next_frames(rt1_data
     rows = pq.read_table(parquet).to_pylist()
     assert len(dataset) == len(rows) == len(examples) == sum(len(e) for e in episodes)
     assert set(dataset.column_names) == {
-        "prompt", "prompt_ids", "next_ids", "checkpoint", "context_frame", "next_frame", "episode", "t"
+        "prompt", "prompt_ids", "next_ids", "checkpoint", "context_frame", "next_frame", "episode", "t", "before_frame",
+        "last_frame", "action"
     }  # fmt: skip
     tokenizer = rt1_tokenizer()
     codes = [episode_codes(world.frame_tokenizer, e) for e in episodes]
@@ -289,6 +290,9 @@ def test_rt1_export_holds_the_trainers_prompts_and_the_real_next_frames(rt1_data
         assert verl_row["extra_info"] == {"split": "train", "index": i, "episode": e, "t": t}
         assert gold["next_ids"] == trl_row["next_ids"] and gold["checkpoint"] == "rt1-rlvr"
         assert np.array_equal(decode_frame(gold["next_frame"]), episodes[e].frames[t + 1])
+        assert np.array_equal(decode_frame(gold["last_frame"]), episodes[e].frames[t])
+        assert np.array_equal(decode_frame(trl_row["before_frame"]), episodes[e].frames[max(t - 1, 0)])
+        assert gold["action"] == trl_row["action"] == pytest.approx(episodes[e].actions[t].tolist())
 
 
 def test_rt1_reward_scores_the_real_next_frame_above_random_codes_as_the_trainer_does(rt1_data):
@@ -300,7 +304,8 @@ def test_rt1_reward_scores_the_real_next_frame_above_random_codes_as_the_trainer
     episodes, trl_dir, _ = rt1_data
     dataset = load_from_disk(str(trl_dir))
     completions = rt1_completions(dataset["next_ids"])
-    columns = {k: [v for v in dataset[k] for _ in range(3)] for k in ("checkpoint", "context_frame", "next_frame")}
+    columns = {k: [v for v in dataset[k] for _ in range(3)] for k in ("checkpoint", "context_frame", "next_frame", "before_frame",
+                                                                        "last_frame", "action")}
     scores = trl_rewards.rt1_frame_reward(prompts=None, completions=completions, **columns)
     gold, random, garbage = scores[0::3], scores[1::3], scores[2::3]
     assert all(g > r for g, r in zip(gold, random))
@@ -316,6 +321,9 @@ def test_rt1_reward_scores_the_real_next_frame_above_random_codes_as_the_trainer
     with pytest.raises(ValueError, match="next_frame"):
         trl_rewards.rt1_frame_reward(completions=completions, checkpoint=columns["checkpoint"],
                                      context_frame=columns["context_frame"])  # fmt: skip
+    with pytest.raises(ValueError, match="before_frame, last_frame and action"):
+        trl_rewards.rt1_frame_reward(completions=completions, checkpoint=columns["checkpoint"],
+                                     context_frame=columns["context_frame"], next_frame=columns["next_frame"])  # fmt: skip
 
 
 def test_verl_compute_score_on_exported_rt1_rows_equals_the_trl_reward(rt1_data):
@@ -332,7 +340,8 @@ def test_verl_compute_score_on_exported_rt1_rows_equals_the_trl_reward(rt1_data)
     from datasets import load_from_disk
 
     dataset = load_from_disk(str(trl_dir)).select(range(len(rows)))
-    columns = {k: [v for v in dataset[k] for _ in range(3)] for k in ("checkpoint", "context_frame", "next_frame")}
+    columns = {k: [v for v in dataset[k] for _ in range(3)] for k in ("checkpoint", "context_frame", "next_frame", "before_frame",
+                                                                        "last_frame", "action")}
     expected = trl_rewards.rt1_frame_reward(completions=completions, **columns)
     # verl scores one completion at a time, TRL a batch: convolutions batched differently can round a decoded pixel
     # the other way, which moves LPIPS by ~1e-5

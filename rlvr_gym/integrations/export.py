@@ -2,7 +2,8 @@
 
 - TRL: a Hugging Face dataset (`save_to_disk`) with a `prompt` text column and the reward's columns: `current` and
   `next` as JSON strings (text game), `tree_before`, `tree_after`, `reward`, `done` (web), or `checkpoint`,
-  `context_frame`, `next_frame` (rt1, frames as PNG bytes) with `prompt_ids`, `next_ids`, `episode`, `t`. Load it
+  `context_frame`, `next_frame`, `before_frame`, `last_frame` (rt1, frames as PNG bytes; the last two are frames t-1
+  and t, with `action` t, for a motion refiner) with `prompt_ids`, `next_ids`, `episode`, `t`. Load it
   with `datasets.load_from_disk` and score with `rlvr_gym.integrations.trl`.
 - verl: one parquet file with verl's columns: `data_source` ("rlvr_gym/textgame", "rlvr_gym/web" or
   "rlvr_gym/rt1"), `prompt` as chat messages `[{"role": "user", "content": <prompt>}]`, `ability`, `reward_model`
@@ -133,6 +134,9 @@ def rt1_rows(config: ExportConfig) -> list[dict]:
                 "prompt": rt1_token_text(example["prompt_ids"]), "prompt_ids": example["prompt_ids"],
                 "next_ids": R.step_tokens(codes[t + 1], flags[t + 1]), "checkpoint": checkpoint,
                 "context_frame": context, "next_frame": encode_frame(episode.frames[t + 1]), "episode": index, "t": t,
+                # what a motion refiner reads: frames t - 1 (t at the start) and t, and action t
+                "before_frame": encode_frame(episode.frames[max(t - 1, 0)]), "last_frame": encode_frame(episode.frames[t]),
+                "action": [float(a) for a in episode.actions[t]],
             })  # fmt: skip
         if config.limit and len(rows) >= config.limit:
             break
@@ -160,7 +164,8 @@ def verl_rows(rows: list[dict], config: ExportConfig) -> list[dict]:
             gold = {k: row[k] for k in ("tree_before", "tree_after", "reward", "done")}
         else:
             gold = {"checkpoint": row["checkpoint"], "next_ids": row["next_ids"],
-                    **{k: base64.b64encode(row[k]).decode() for k in ("context_frame", "next_frame")}}  # fmt: skip
+                    **{k: base64.b64encode(row[k]).decode() for k in ("context_frame", "next_frame", "before_frame",
+                                                                      "last_frame")}, "action": row["action"]}  # fmt: skip
             extra |= {"episode": row["episode"], "t": row["t"]}
         out.append({
             "data_source": source,

@@ -67,13 +67,16 @@ def web_reward(
 
 def rt1_frame_reward(
     prompts: list | None = None, completions: list | None = None, checkpoint: list | None = None,
-    context_frame: list | None = None, next_frame: list | None = None, **_: Any,
+    context_frame: list | None = None, next_frame: list | None = None, before_frame: list | None = None,
+    last_frame: list | None = None, action: list | None = None, **_: Any,
 ) -> list[float]:
-    """-(L1 + LPIPS) of the completion's decoded frame against the real next frame (`train rt1-rlvr`'s reward)."""
+    """-(L1 + LPIPS) of the completion's decoded (and, with a motion refiner, refined) frame against the real next
+    frame (`train rt1-rlvr`'s reward)."""
     _require("rt1_frame_reward", completions=completions, checkpoint=checkpoint, context_frame=context_frame,
              next_frame=next_frame)  # fmt: skip
     texts = [completion_text(c) for c in completions]
-    return [float(r["score"]) for r in rt1_frame_scores(texts, checkpoint, context_frame, next_frame)]
+    scores = rt1_frame_scores(texts, checkpoint, context_frame, next_frame, before_frame, last_frame, action)
+    return [float(r["score"]) for r in scores]
 
 
 def rt1_policy(checkpoint: str = "rt1-rlvr") -> tuple[Any, Any]:

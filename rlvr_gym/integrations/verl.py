@@ -4,7 +4,9 @@ verl's reward manager calls `compute_score(data_source, solution_str, ground_tru
 `ground_truth` is the JSON string that `export --format verl` writes into `reward_model.ground_truth`:
 - rlvr_gym/textgame: `{"current": state, "next": state, "metric": "binary" | "task"}`;
 - rlvr_gym/web: `{"tree_before": str, "tree_after": str, "reward": float, "done": bool}`;
-- rlvr_gym/rt1: `{"checkpoint": str, "context_frame": base64 PNG, "next_frame": base64 PNG, "next_ids": [int]}`.
+- rlvr_gym/rt1: `{"checkpoint": str, "context_frame": base64 PNG, "next_frame": base64 PNG, "next_ids": [int],
+  "before_frame": base64 PNG, "last_frame": base64 PNG, "action": [7 floats]}` (the last three: frames t-1 and t
+  and action t, which a world model with a motion refiner reads).
 
 The result is `{"score": float, "parsed": 1.0 | 0.0, components...}` with the same keys for every response of a
 data source (verl stacks each key across the batch), components 0.0 when the response does not parse.
@@ -60,7 +62,9 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | dict,
                              [gold["done"]])[0]  # fmt: skip
         keys = COMPONENTS["web"]
     elif data_source == RT1:
-        row = rt1_frame_scores([solution_str], [gold["checkpoint"]], [gold["context_frame"]], [gold["next_frame"]])[0]
+        motion = {k + "s": [gold[k]] if k in gold else None for k in ("before_frame", "last_frame", "action")}
+        row = rt1_frame_scores([solution_str], [gold["checkpoint"]], [gold["context_frame"]], [gold["next_frame"]],
+                               **motion)[0]
         keys = COMPONENTS["rt1"]
     else:
         raise ValueError(f"unknown data_source {data_source!r}: rlvr_gym scores {TEXTGAME}, {WEB} and {RT1}")
@@ -149,10 +153,13 @@ def rt1_world(checkpoint: str):
 
 
 def rt1_frame_scores(
-    completions: list[str], checkpoints: list[str], context_frames: list, next_frames: list
+    completions: list[str], checkpoints: list[str], context_frames: list, next_frames: list,
+    before_frames: list | None = None, last_frames: list | None = None, actions: list | None = None,
 ) -> list[dict]:
     """`train rt1-rlvr`'s reward, single step: the completion's frame codes decoded by the checkpoint's frame
-    tokenizer (against the episode's first frame), scored -(L1 + LPIPS) against the real next frame.
+    tokenizer (against the episode's first frame) and refined by its motion refiner if it has one (from the real
+    frames t-1 and t and action t: `before_frames`, `last_frames`, `actions`), scored -(L1 + LPIPS) against the real
+    next frame.
 
     Returns `{"score", "l1", "lpips"}` per completion, or `{"score": RT1_PARSE_FAILURE, "error"}`.
     """
@@ -167,10 +174,23 @@ def rt1_frame_scores(
             results[i] = {"score": RT1_PARSE_FAILURE, "error": str(error)}
     for checkpoint in dict.fromkeys(checkpoints[i] for i in ids):
         rows = [i for i in ids if checkpoints[i] == checkpoint]
-        # frame_reward_fn reads an episode's frame t + 1 (the real next frame) and frame 0 (the tokenizer's context).
-        episodes = [SimpleNamespace(frames=np.stack([decode_frame(context_frames[i]), decode_frame(next_frames[i])]))
-                    for i in rows]  # fmt: skip
-        reward = frame_reward_fn(rt1_world(checkpoint), episodes, horizon=1)
-        for i, row in zip(rows, reward([ids[i] for i in rows], range(len(rows)), [0] * len(rows))):
+        world = rt1_world(checkpoint)
+        motion = before_frames is not None and last_frames is not None and actions is not None
+        if world.refiner is not None and not motion:
+            raise ValueError(f"{checkpoint} refines its frames by motion: the reward needs before_frame, last_frame "
+                             "and action (frames t-1 and t and action t; `rlvr-gym export` writes them)")
+        # frame_reward_fn reads an episode's frames t - 1, t (the motion refiner's), t + 1 (the real next frame) and
+        # 0 (the tokenizer's context), and action t: here t = 2.
+        episodes = []
+        for i in rows:
+            first = decode_frame(context_frames[i])
+            before, last = (decode_frame(before_frames[i]), decode_frame(last_frames[i])) if motion else (first, first)
+            action = np.zeros((3, 7), np.float32)
+            if motion:
+                action[2] = np.asarray(actions[i], dtype=np.float32)
+            episodes.append(SimpleNamespace(frames=np.stack([first, before, last, decode_frame(next_frames[i])]),
+                                            actions=action))
+        reward = frame_reward_fn(world, episodes, horizon=1)
+        for i, row in zip(rows, reward([ids[i] for i in rows], range(len(rows)), [2] * len(rows))):
             results[i] = {**row, "score": RT1_PARSE_FAILURE} if "error" in row else row
     return results
