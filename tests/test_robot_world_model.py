@@ -504,7 +504,14 @@ def test_motion_refiner_trains_on_the_models_predictions_resumes_and_travels_wit
     second = world.refiner.refine(frames[1:2], first, world.decode(codes[0, 1:], frames[:1]), actions[2:3])
     assert np.array_equal(rolled[0, 0], first[0]) and np.array_equal(rolled[0, 1], second[0]), "refined in order"
 
+    world.refiner = None
+    assert RobotWorldModel.load(world.save(tmp_path / "plain")).refiner is None
+    world.refiner = RobotWorldModel.load(out).refiner
     copy = world.save(tmp_path / "copy")
+    world.refiner = None
+    assert RobotWorldModel.load(world.save(copy)).refiner is None, "saving over a refined model drops its refiner"
+    world.refiner = RobotWorldModel.load(out).refiner
+    world.save(copy)
     (copy / "motion_refiner" / "model.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(CheckpointError, match="motion refiner"):
         RobotWorldModel.load(copy)

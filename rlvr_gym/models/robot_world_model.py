@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -151,6 +152,8 @@ class RobotWorldModel:
             original = next(module.parameters()).dtype
             module.to(dtype).save_pretrained(path / name, safe_serialization=True)
             module.to(original)
+        if self.refiner is None and (path / "motion_refiner").exists():
+            shutil.rmtree(path / "motion_refiner")  # a model without one must not load an old one back
         self.save_settings(path)
         return path
 
@@ -164,8 +167,6 @@ class RobotWorldModel:
 
     def ship(self, source_dir: str | os.PathLike, name: str, card: str) -> Path:
         """Write this model as a shipped checkpoint (fp16) under rlvr_gym/checkpoints/NAME with its card and states."""
-        import shutil
-
         target = self.save(SHIPPED_DIR / name, dtype=torch.float16)
         shutil.copy2(Path(source_dir) / "initial_states.npz", target / "initial_states.npz")
         (target / "CARD.md").write_text(card)
