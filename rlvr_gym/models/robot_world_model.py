@@ -46,24 +46,23 @@ class WorldModelSettings:
         return self.success_thresholds.get(task, DEFAULT_SUCCESS_THRESHOLD)
 
 
-def load_frame_tokenizer(path: str | os.PathLike) -> FrameTokenizer:
+def load_network(cls: type, path: str | os.PathLike, what: str):
+    """A saved Hugging Face network of class `cls` in fp32 and eval mode, or a CheckpointError naming `what` failed."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise CheckpointError(f"{path} holds no frame tokenizer (config.json missing)")
+        raise CheckpointError(f"{path} holds no {what} (config.json missing)")
     try:
-        return FrameTokenizer.from_pretrained(path, dtype=torch.float32).eval()
+        return cls.from_pretrained(path, dtype=torch.float32).eval()
     except Exception as error:
-        raise CheckpointError(f"frame tokenizer in {path} could not be loaded ({type(error).__name__}: {error})") from error
+        raise CheckpointError(f"{what} in {path} could not be loaded ({type(error).__name__}: {error})") from error
+
+
+def load_frame_tokenizer(path: str | os.PathLike) -> FrameTokenizer:
+    return load_network(FrameTokenizer, path, "frame tokenizer")
 
 
 def load_motion_refiner(path: str | os.PathLike) -> MotionRefiner:
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise CheckpointError(f"{path} holds no motion refiner (config.json missing)")
-    try:
-        return MotionRefiner.from_pretrained(path, dtype=torch.float32).eval()
-    except Exception as error:
-        raise CheckpointError(f"motion refiner in {path} could not be loaded ({type(error).__name__}: {error})") from error
+    return load_network(MotionRefiner, path, "motion refiner")
 
 
 class RobotWorldModel:
