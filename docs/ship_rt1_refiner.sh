@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The motion refiner of the shipped rt1-mle and rt1-rlvr (session 17): trained on rt1-rlvr's own greedy
 # predictions of the 800 training episodes (and the real codes) against the real next frames, then copied in fp16
-# into both shipped checkpoints, whose transformers and tokenizer stay as they were. On the 2-core CPU: 9 minutes
+# into both shipped checkpoints, whose transformers and tokenizer stay as they were. On the 2-core CPU: 6 minutes
 # predicting the 24,930 transitions, 18 minutes training (two processes, one thread each). Needs the shipped models'
 # data (`rlvr-gym collect rt1 --out runs/rt1/train2 --episodes 800 --seed 1 --workers 2` and `... --out
 # runs/rt1/heldout2 --episodes 60 --seed 2 --split heldout`). A killed run continues with the same command plus

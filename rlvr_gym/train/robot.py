@@ -202,29 +202,30 @@ class RefinerConfig(RUN.RunConfig):
     """Training episodes (`rlvr-gym collect rt1`)."""
     heldout: str = ""
     """Held-out episodes for eval/ (object error and PSNR of refined predictions, with copying's; optional)."""
-    prediction_episodes: int = 240
-    """Training episodes whose transitions the transformer predicts, once, before training (about 1.5 CPU-minutes
-    per 60 on two processes), saved in RUN_DIR so a resumed run reuses them. 0: all."""
-    steps: int = 1500
+    prediction_episodes: int = 0
+    """Training episodes whose transitions the transformer predicts, once, before training (all 800 of the shipped
+    data: 6 minutes on two processes), saved in RUN_DIR so a resumed run reuses them. 0: all."""
+    steps: int = 2400
     """Optimizer steps."""
-    lr: float = 1e-3
+    lr: float = 5e-4
     """Peak learning rate (AdamW)."""
     warmup_steps: int = 50
     """Linear warm-up steps."""
-    batch_size: int = 32
-    """Transitions per step on each process."""
+    batch_size: int = 16
+    """Transitions per step on each process (two processes: 32)."""
     real_fraction: float = 0.5
     """Fraction of each batch decoded from the real next frame's codes instead of the predicted ones: the refiner
     learns to trust codes that are right as well as to correct the transformer's."""
-    moved_fraction: float = 0.0
-    """Fraction of each batch drawn from transitions where a whole object moves (about 9% of them as collected)."""
+    moved_fraction: float = 0.5
+    """Fraction of each batch drawn from transitions where a whole object moves (about 10% of them as collected).
+    Measured (docs/rt1_experiments.md, session 17): it took the moved objects from 2.8 px to 1.5 at step 1."""
     salient_weight: float = 10.0
     """Extra loss weight on saturated pixels of the target (objects, drawer front, target disc), as the tokenizer's."""
-    width: int = 32
+    width: int = 24
     """Conv width of the refiner's first stage (x2, x3 below); a multiple of 8."""
-    bottleneck_blocks: int = 2
+    bottleneck_blocks: int = 1
     """Residual blocks at the refiner's 16x16 stage. Width 24 with 1 block (437k parameters, 0.9 MB in fp16) fits
-    the shipped checkpoints' 10 MB budget beside the transformer and the tokenizer."""
+    the shipped checkpoints' 10 MB budget beside the transformer and the tokenizer; 32 with 2 is 942k."""
     eval_transitions: int = 512
     """Held-out transitions scored at each evaluation."""
 
