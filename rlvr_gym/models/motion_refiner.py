@@ -93,7 +93,7 @@ class MotionRefiner(PreTrainedModel):
 def warp(images: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
     """Sample (N, C, H, W) images at each pixel's position plus `flow` (N, 2, H, W; x then y, in pixels), bilinear,
     edges repeated. Flow 0 returns the images exactly."""
-    n, _, height, width = images.shape
+    height, width = images.shape[2:]
     ys = torch.linspace(-1 + 1 / height, 1 - 1 / height, height, device=images.device)
     xs = torch.linspace(-1 + 1 / width, 1 - 1 / width, width, device=images.device)
     grid = torch.stack(torch.meshgrid(ys, xs, indexing="ij")[::-1], -1)[None]
