@@ -230,23 +230,26 @@ class RefinerConfig(RUN.RunConfig):
     """Held-out transitions scored at each evaluation."""
 
 
-def greedy_predictions(world: RobotWorldModel, episodes: list[Episode], batch: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The transformer's greedy next-frame codes from the real history at every step of the episodes, with each
-    row's (episode, t): codes (rows, frame_tokens), unparsable rows left out."""
-    prompts, where = [], []
-    for e, episode in enumerate(episodes):
-        real, flags = episode_codes(world.frame_tokenizer, episode), frame_flags(episode)
-        for t in range(len(episode.actions)):
-            prompts.append(world.prompt(real[: t + 1], flags[: t + 1], episode.actions[: t + 1]))
-            where.append((e, t))
+def greedy_predictions(world: RobotWorldModel, episodes: list[Episode], where: list[tuple[int, int]] | None = None,
+                       batch: int = 64) -> dict[str, np.ndarray]:
+    """The transformer's greedy next-frame codes from the real history at steps (episode, t) of the episodes (all
+    steps by default): "codes" (rows, frame_tokens), the real next frame's "real" codes, "episode" and "t";
+    unparsable rows left out."""
+    if where is None:
+        where = [(e, t) for e, episode in enumerate(episodes) for t in range(len(episode.actions))]
+    real = {e: episode_codes(world.frame_tokenizer, episodes[e]) for e in sorted({e for e, _ in where})}
+    flags = {e: frame_flags(episodes[e]) for e in real}
+    prompts = [world.prompt(real[e][: t + 1], flags[e][: t + 1], episodes[e].actions[: t + 1]) for e, t in where]
     codes, keep = [], []
     for s in range(0, len(prompts), batch):
         predicted, _, errors = world.predict(prompts[s : s + batch], k=1)
         codes.append(predicted[:, 0])
         keep += [error is None for error in errors]
-    where = np.array(where, dtype=np.int64).reshape(-1, 2)[np.array(keep, dtype=bool)]
-    codes = np.concatenate(codes)[np.array(keep, dtype=bool)] if codes else np.zeros((0, world.frame_tokens), np.int64)
-    return codes, where[:, 0], where[:, 1]
+    keep = np.array(keep, dtype=bool)
+    where = np.array(where, dtype=np.int64).reshape(-1, 2)[keep]
+    codes = np.concatenate(codes)[keep] if len(prompts) else np.zeros((0, world.frame_tokens), np.int64)
+    next_real = np.array([real[e][t + 1] for e, t in where], dtype=np.int64).reshape(len(where), world.frame_tokens)
+    return {"codes": codes, "real": next_real, "episode": where[:, 0], "t": where[:, 1]}
 
 
 def load_refiner_for_training(path: str | os.PathLike) -> tuple[MotionRefiner, None]:
@@ -278,16 +281,14 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
     part = run_dir / f"predictions_{d.rank}_of_{d.world_size}.npz"
     if not part.is_file():
         mine = chosen[d.rank :: d.world_size]
-        codes, rows, t = greedy_predictions(world, [episodes[i] for i in mine])
+        predictions = greedy_predictions(world, [episodes[i] for i in mine])
+        predictions["episode"] = mine[predictions["episode"]]
         run_dir.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(part.with_suffix(".tmp.npz"), codes=codes, episode=mine[rows], t=t)
+        np.savez_compressed(part.with_suffix(".tmp.npz"), **predictions)
         os.replace(part.with_suffix(".tmp.npz"), part)
     RUN.barrier(d)
     parts = [np.load(run_dir / f"predictions_{r}_of_{d.world_size}.npz") for r in range(d.world_size)]
-    codes, rows, t = (np.concatenate([p[k] for p in parts]) for k in ("codes", "episode", "t"))
-    real_codes = [None] * len(episodes)
-    for e in np.unique(rows):
-        real_codes[e] = episode_codes(world.frame_tokenizer, episodes[e])
+    codes, real_codes, rows, t = (np.concatenate([p[k] for p in parts]) for k in ("codes", "real", "episode", "t"))
     moves = {e: whole_object_moves(episodes[e]) for e in np.unique(rows)}
     moved = np.array([moves[e][s] for e, s in zip(rows, t)], dtype=bool)
     log.info("%d predicted transitions from %d episodes, a whole object moving in %d", len(rows), len(chosen), moved.sum())
@@ -317,7 +318,7 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
             idx[:n_moved] = rng.choice(np.flatnonzero(moved), n_moved)
         before, last, target, first, actions = refiner_batch(episodes, rows[idx], t[idx])
         use_real = rng.random(len(idx)) < config.real_fraction
-        next_codes = np.where(use_real[:, None], np.stack([real_codes[e][s + 1] for e, s in zip(rows[idx], t[idx])]), codes[idx])
+        next_codes = np.where(use_real[:, None], real_codes[idx], codes[idx])
         decoded = world.decode(next_codes, first if world.context_frame == "first" else last)
         run.model.train()
         refined = run.ddp_model(to_float(before), to_float(last), to_float(decoded), torch.as_tensor(actions).to(d.device))
@@ -343,10 +344,8 @@ def refiner_metrics(world: RobotWorldModel, episodes: list[Episode], n: int) -> 
     plain decoder's and copying the last frame's."""
     where = [(e, s) for e, episode in enumerate(episodes) for s in range(len(episode.actions))]
     where = [where[i] for i in np.linspace(0, len(where) - 1, min(n, len(where))).astype(int)]
-    rows, t = np.array([w[0] for w in where]), np.array([w[1] for w in where])
-    codes = {e: episode_codes(world.frame_tokenizer, episodes[e]) for e in np.unique(rows)}
-    prompts = [world.prompt(codes[e][: s + 1], frame_flags(episodes[e])[: s + 1], episodes[e].actions[: s + 1]) for e, s in where]
-    predicted = np.concatenate([world.predict(prompts[i : i + 64], k=1)[0] for i in range(0, len(prompts), 64)])
+    predictions = greedy_predictions(world, episodes, where)
+    predicted, rows, t = predictions["codes"][:, None], predictions["episode"], predictions["t"]
     before, last, target, first, actions = refiner_batch(episodes, rows, t)
     refined = world.decode_rollout(predicted, last, first, before, actions[:, None])[:, 0]
     plain = world.decode(predicted[:, 0], first if world.context_frame == "first" else last)
