@@ -23,7 +23,8 @@ import torch
 from rlvr_gym.domains.robot import LOST_OBJECT_PX, WHOLE_OBJECT_PIXELS, moved_object_distances
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.evaluation.robot import (
-    EpisodeTokens, fresh_episodes, multi_step_prompts, predict_in_batches, single_step_prompts, tokenize_episodes,
+    EpisodeTokens, fresh_episodes, multi_step_prompts, predict_in_batches, rollout_start, single_step_prompts,
+    tokenize_episodes,
 )
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.sampler import SamplingConfig
@@ -61,14 +62,12 @@ def object_rows(world: RobotWorldModel, data: list[EpisodeTokens], horizon: int)
             future = None
         else:
             prompts, future, where = multi_step_prompts(world, data, k)
-        codes = predict_in_batches(world, prompts, k, future, greedy)[0]
-        start = np.stack([data[i].episode.frames[t] for i, t in where])
-        first = np.stack([data[i].episode.frames[0] for i, _ in where])
+        begin = rollout_start(data, where)
+        decoded = predict_in_batches(world, prompts, begin, k, future, greedy).frames
+        start, first, before = begin.last, begin.first, begin.before
         target = np.stack([data[i].episode.frames[t + k] for i, t in where])
         real_codes = np.stack([data[i].codes[t + k] for i, t in where])
-        before = np.stack([data[i].episode.frames[max(t - 1, 0)] for i, t in where])
         actions = np.stack([data[i].episode.actions[t : t + k] for i, t in where])
-        decoded = world.decode_rollout(codes, start, first, before, actions)
         predicted = decoded[:, -1]
         # The ceiling decodes the real frame's codes against the same frames the model's last frame had.
         history = np.concatenate([before[:, None], start[:, None], decoded[:, :-1]], 1)

@@ -21,8 +21,8 @@ import torch
 from rlvr_gym.domains import robot as R
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.evaluation.robot import (
-    batched_lpips, evaluate_world_model, fresh_episodes, predict_in_batches, rollout_gif, single_step_prompts, summary_line,
-    tokenize_episodes,
+    batched_lpips, evaluate_world_model, fresh_episodes, predict_in_batches, rollout_gif, rollout_start, single_step_prompts,
+    summary_line, tokenize_episodes,
 )
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.sampler import SamplingConfig
@@ -38,9 +38,9 @@ def last_prompt_frame(prompt: list[int], frame_tokens: int) -> np.ndarray:
 def repetition_rejection(world: RobotWorldModel, tries: int = 4):
     """Greedy prediction, replaced by the first of `tries` samples (temperature 1) that repeats no frame."""
 
-    def choose(prompts, k, future):
-        greedy = predict_in_batches(world, prompts, k, future, SamplingConfig(temperature=0.0))[0]
-        samples = predict_in_batches(world, prompts, k, future, SamplingConfig(temperature=1.0), num_samples=tries)[0]
+    def choose(prompts, start, k, future):
+        greedy = predict_in_batches(world, prompts, start, k, future, SamplingConfig(temperature=0.0)).codes
+        samples = predict_in_batches(world, prompts, start, k, future, SamplingConfig(temperature=1.0), num_samples=tries).codes
         samples = samples.reshape(len(prompts), tries, k, -1)
         out = greedy.copy()
         for i, prompt in enumerate(prompts):
@@ -64,16 +64,14 @@ def best_of_n_curve(world: RobotWorldModel, episodes, n_prompts: int = 32, seed:
     pick = np.random.default_rng(seed).choice(len(prompts), size=min(n_prompts, len(prompts)), replace=False)
     prompts, where = [prompts[i] for i in pick], [where[i] for i in pick]
     n = max(BEST_OF)
-    codes = predict_in_batches(world, prompts, 1, None, SamplingConfig(temperature=1.0), num_samples=n, batch=4)[0]
-    codes = codes.reshape(len(prompts), n, -1)
+    rollout = predict_in_batches(world, prompts, rollout_start(data, where), 1, None, SamplingConfig(temperature=1.0),
+                                 num_samples=n, batch=4)
+    frames = rollout.frames.reshape(len(prompts), n, *rollout.frames.shape[2:])
     rows = []
     scores = np.zeros((len(prompts), n))
     lpips = np.zeros((len(prompts), n))
     for i, (e, t) in enumerate(where):
-        start = np.repeat(data[e].episode.frames[t][None], n, 0)
-        before = np.repeat(data[e].episode.frames[max(t - 1, 0)][None], n, 0)
-        actions = np.repeat(data[e].episode.actions[t][None, None], n, 0)
-        pred = world.decode_rollout(codes[i][:, None], start, data[e].episode.frames[:1], before, actions)[:, 0]
+        pred = frames[i]
         target = np.repeat(data[e].episode.frames[t + 1][None], n, 0)
         lp = batched_lpips(pred, target).numpy()
         l1 = np.abs(pred.astype(np.float32) - target.astype(np.float32)).mean((1, 2, 3)) / 255

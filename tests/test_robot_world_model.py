@@ -12,7 +12,7 @@ from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import FSQ, FrameTokenizer, FrameTokenizerConfig
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig, warp
-from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings
+from rlvr_gym.models.robot_world_model import RobotWorldModel, RolloutStart, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
     RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, episode_spans, frame_pairs, mle_examples,
@@ -491,6 +491,7 @@ def test_motion_refiner_trains_on_the_models_predictions_resumes_and_travels_wit
     assert resumed == out and read_log(root / "refiner")[-1]["step"] == 3
     world, plain = RobotWorldModel.load(out), RobotWorldModel.load(world_dir)
     assert world.refiner is not None and plain.refiner is None
+    assert world.settings.context_from_frames and not plain.settings.context_from_frames
     assert (out / "initial_states.npz").is_file(), "the learned env can reset from it"
     assert any(p.abs().sum() > 0 for p in world.refiner.head[-1].parameters()), "the refiner learned"
 
@@ -515,3 +516,36 @@ def test_motion_refiner_trains_on_the_models_predictions_resumes_and_travels_wit
     (copy / "motion_refiner" / "model.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(CheckpointError, match="motion refiner"):
         RobotWorldModel.load(copy)
+
+
+def test_a_rollout_that_feeds_back_its_frames_prompts_with_the_codes_of_what_it_shows(tiny_world):
+    root, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    torch.manual_seed(0)
+    world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
+    torch.nn.init.normal_(world.refiner.head[-1].weight, std=0.05)
+    world.settings.context_from_frames = True
+    episode = load_episodes(root / "heldout")[0]
+    frames, actions = episode.frames, episode.actions
+    prompt = world.prompt(world.encode(frames[:2], frames[:1]), [False, False], actions[:2])
+    start = RolloutStart(frames[1:2], frames[:1], frames[:1], actions[1:2])
+    with pytest.raises(ValueError, match="needs a RolloutStart"):
+        world.predict([prompt], k=2, future_actions=[actions[2:3]])
+    rolled = world.rollout([prompt], start, k=2, future_actions=[actions[2:3]])
+    assert rolled.errors == [None]
+    shown = world.decode_rollout(rolled.codes, frames[1:2], frames[:1], frames[:1], actions[None, 1:3])
+    assert np.array_equal(rolled.frames, shown), "the frames shown are the generated codes, decoded and refined"
+    assert np.array_equal(rolled.context[0], world.encode(rolled.frames[0], frames[:1]))
+
+    # Step by step, as the env does: the second frame is predicted from the first one's re-encoded codes.
+    one = world.rollout([prompt], start, k=1)
+    following = world.slide(prompt, one.context[0, 0], bool(one.success[0, 0] > 0.5), actions[2])
+    two = world.rollout([following], RolloutStart(one.frames[:, 0], frames[:1], frames[1:2], actions[2:3]), k=1)
+    assert np.array_equal(two.codes[0, 0], rolled.codes[0, 1]) and np.array_equal(two.frames[0, 0], rolled.frames[0, 1])
+
+    world.settings.context_from_frames = False
+    plain = world.rollout([prompt, prompt], start.rows([0, 0]), k=2, future_actions=[actions[2:3]] * 2)
+    assert np.array_equal(plain.context, plain.codes)
+    assert np.array_equal(plain.codes, world.predict([prompt, prompt], k=2, future_actions=[actions[2:3]] * 2)[0])
+    with pytest.raises(ValueError, match="a RolloutStart row per prompt"):
+        world.rollout([prompt, prompt], start, k=1)

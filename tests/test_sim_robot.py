@@ -314,12 +314,14 @@ def test_calibration_writes_per_task_thresholds_that_the_sim_uses(tiny_world, tm
         calibrate(CalibrateConfig(checkpoint="rt1-rlvr"))
 
 
-def test_a_world_model_with_a_motion_refiner_steps_through_the_env_frame_by_frame(tiny_world, tmp_path):
+@pytest.mark.parametrize("context_from_frames", [False, True])
+def test_a_world_model_with_a_motion_refiner_steps_through_the_env_frame_by_frame(tiny_world, tmp_path, context_from_frames):
     world_dir, _ = tiny_world
     world = RobotWorldModel.load(world_dir)
     torch.manual_seed(0)
     world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
     torch.nn.init.normal_(world.refiner.head[-1].weight, std=0.05)  # a refiner that moves pixels, not a fresh one's even mix
+    world.settings.context_from_frames = context_from_frames
     refined_dir = world.save(tmp_path / "refined")
     save_initial_states(refined_dir, load_episodes(world_dir.parent.parent / "train"))
     env = gym.make(ENV_ID, checkpoint=refined_dir, horizon=5, render_mode="rgb_array").unwrapped
@@ -329,6 +331,10 @@ def test_a_world_model_with_a_motion_refiner_steps_through_the_env_frame_by_fram
     for action in actions(3, seed=2):
         obs, *_ = env.step(action)
         codes = np.asarray(env._rollout.codes[-1])[None]
+        if context_from_frames:  # the next prompt holds what the agent saw, not the codes generated
+            np.testing.assert_array_equal(codes, world.encode(obs[None], first[None]))
+            before, last = last, obs
+            continue
         expected = world.refiner.refine(before[None], last[None], world.decode(codes, first[None]), action[None])[0]
         np.testing.assert_array_equal(obs, expected)
         before, last = last, obs
@@ -339,6 +345,10 @@ def test_a_world_model_with_a_motion_refiner_steps_through_the_env_frame_by_fram
     for batch in actions(3, seed=5, num_envs=2):
         obs, _, terminated, truncated, _ = venv.step(batch)
         codes = np.stack([r.codes[-1] for r in venv._rollouts])
+        if context_from_frames:
+            np.testing.assert_array_equal(codes, world.encode(obs, first))
+            before, last = last, obs
+            continue
         expected = world.refiner.refine(before, last, world.decode(codes, first), batch)
         # Convolutions may round differently at another batch size: one grey level at most.
         np.testing.assert_allclose(obs[alive].astype(int), expected[alive].astype(int), atol=1, rtol=0)

@@ -23,7 +23,7 @@ import torch
 from rlvr_gym.data.episodes import CollectConfig, Episode, collect, load_episodes
 from rlvr_gym.domains import robot as R
 from rlvr_gym.domains.robot import WHOLE_OBJECT_PIXELS, object_position_error
-from rlvr_gym.models.robot_world_model import RobotWorldModel
+from rlvr_gym.models.robot_world_model import Rollout, RobotWorldModel, RolloutStart
 from rlvr_gym.models.sampler import SamplingConfig
 from rlvr_gym.train.robot import episode_codes, frame_flags
 
@@ -95,41 +95,54 @@ def multi_step_prompts(world: RobotWorldModel, data: list[EpisodeTokens], k: int
     return prompts, future, where
 
 
-def predict_in_batches(world, prompts, k, future, sampling, num_samples=1, batch=64, seed=0):
-    codes, success = [], []
+def rollout_start(data: list[EpisodeTokens], where: list[tuple[int, int]]) -> RolloutStart:
+    """The real frames behind prompts ending at step t of episode i, for each (i, t) in `where`."""
+    frames = lambda pick: np.stack([pick(data[i].episode, t) for i, t in where])
+    return RolloutStart(frames(lambda e, t: e.frames[t]), frames(lambda e, t: e.frames[0]),
+                        frames(lambda e, t: e.frames[max(t - 1, 0)]), frames(lambda e, t: e.actions[t]))
+
+
+def predict_in_batches(world: RobotWorldModel, prompts, start: RolloutStart, k: int, future, sampling: SamplingConfig,
+                       num_samples: int = 1, batch: int = 64, seed: int = 0) -> Rollout:
+    """`world.rollout` over the prompts in batches of `batch`, concatenated."""
+    parts = []
     for s in range(0, len(prompts), batch):
-        c, p, _ = world.predict(prompts[s : s + batch], k=k, future_actions=future[s : s + batch] if future else None,
-                                sampling=sampling, num_samples=num_samples, generator=torch.Generator().manual_seed(seed + s))
-        codes.append(c)
-        success.append(p)
-    return np.concatenate(codes), np.concatenate(success)
+        parts.append(world.rollout(prompts[s : s + batch], start.rows(slice(s, s + batch)), k,
+                                   future[s : s + batch] if future else None, sampling, num_samples,
+                                   torch.Generator().manual_seed(seed + s)))
+    return Rollout(np.concatenate([p.codes for p in parts]), np.concatenate([p.success for p in parts]),
+                   [e for p in parts for e in p.errors], np.concatenate([p.frames for p in parts]),
+                   np.concatenate([p.context for p in parts]))
 
 
 def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizon: int = 5,
                          sampling: SamplingConfig | None = None, choose=None) -> dict:
     """Metrics of single-step and `horizon`-step predictions on the episodes, with the baselines.
 
-    `choose(prompts, k, future) -> codes (n, k, frame tokens)` replaces greedy prediction (best-of-N, rejection sampling).
+    `choose(prompts, start, k, future) -> codes (n, k, frame tokens)` replaces greedy prediction (best-of-N,
+    rejection sampling); its codes are decoded in order.
     """
     sampling = sampling or SamplingConfig(temperature=0.0)
     data = tokenize_episodes(world, episodes)
     result: dict = {"n_episodes": len(episodes)}
 
     prompts, where = single_step_prompts(world, data)
-    codes = choose(prompts, 1, None) if choose else predict_in_batches(world, prompts, 1, None, sampling)[0]
+    start = rollout_start(data, where)
     idx = np.array(where)
     target = np.stack([data[i].episode.frames[t + 1] for i, t in where])
-    prev = np.stack([data[i].episode.frames[t] for i, t in where])
+    prev, firsts, befores, actions = start.last, start.first, start.before, start.action[:, None]
     prev_codes = np.stack([data[i].codes[t] for i, t in where])
     next_codes = np.stack([data[i].codes[t + 1] for i, t in where])
-    firsts = np.stack([data[i].episode.frames[0] for i, _ in where])
-    befores = np.stack([data[i].episode.frames[max(t - 1, 0)] for i, t in where])
-    actions = np.stack([data[i].episode.actions[t] for i, t in where])[:, None]
 
     def decode_one(c: np.ndarray) -> np.ndarray:
         return world.decode_rollout(c[:, None], prev, firsts, befores, actions)[:, 0]
 
-    pred = decode_one(codes[:, 0])
+    if choose:
+        codes = choose(prompts, start, 1, None)
+        pred = decode_one(codes[:, 0])
+    else:
+        rollout = predict_in_batches(world, prompts, start, 1, None, sampling)
+        codes, pred = rollout.codes, rollout.frames[:, 0]
     result["single"] = {
         "model": {**frame_metrics(pred, target, prev), "repetition_rate": R.repetition_rate(codes[:, 0], prev_codes),
                   "false_repetition_rate": R.false_repetition_rate(codes[:, 0], prev_codes, next_codes, prev_codes),
@@ -142,12 +155,15 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
 
     prompts, future, where = multi_step_prompts(world, data, horizon)
     if prompts:
-        codes = choose(prompts, horizon, future) if choose else predict_in_batches(world, prompts, horizon, future, sampling)[0]
+        start = rollout_start(data, where)
+        actions = np.stack([data[i].episode.actions[t : t + horizon] for i, t in where])
+        if choose:
+            codes = choose(prompts, start, horizon, future)
+            preds = world.decode_rollout(codes, start.last, start.first, start.before, actions)
+        else:
+            rollout = predict_in_batches(world, prompts, start, horizon, future, sampling)
+            codes, preds = rollout.codes, rollout.frames
         per_step = []
-        start = np.stack([data[i].episode.frames[t] for i, t in where])
-        preds = world.decode_rollout(codes, start, np.stack([data[i].episode.frames[0] for i, _ in where]),
-                                     np.stack([data[i].episode.frames[max(t - 1, 0)] for i, t in where]),
-                                     np.stack([data[i].episode.actions[t : t + horizon] for i, t in where]))
         for j in range(horizon):
             target = np.stack([data[i].episode.frames[t + 1 + j] for i, t in where])
             prev = np.stack([data[i].episode.frames[t + j] for i, t in where])
@@ -158,14 +174,14 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
             per_step.append({
                 "step": j + 1,
                 # Objects that moved since the rollout began, for the model and the copy baseline alike.
-                **frame_metrics(pred, target, prev, since=start),
+                **frame_metrics(pred, target, prev, since=start.last),
                 "repetition_rate": R.repetition_rate(codes[:, j], previous_pred),
                 "false_repetition_rate": R.false_repetition_rate(codes[:, j], previous_pred, real_codes, previous_real),
                 "moving_repetition_rate": R.moving_repetition_rate(codes[:, j], previous_pred, target, prev),
                 "real_repetition_rate": R.repetition_rate(real_codes, previous_real),
-                "copy_start_psnr": float(R.psnr(start, target).clamp(max=60).mean()),
-                "copy_start_changed_mse": changed_mse(start, target, prev),
-                **{f"copy_start_{k}": v for k, v in object_errors(start, target, start).items()},
+                "copy_start_psnr": float(R.psnr(start.last, target).clamp(max=60).mean()),
+                "copy_start_changed_mse": changed_mse(start.last, target, prev),
+                **{f"copy_start_{k}": v for k, v in object_errors(start.last, target, start.last).items()},
             })
         keys = ["mse", "psnr", "ssim", "lpips", "changed_mse", "object_error_px", "repetition_rate", "false_repetition_rate",
                 "moving_repetition_rate", "real_repetition_rate"]
@@ -209,11 +225,11 @@ def rollout_gif(worlds: dict[str, RobotWorldModel], episode, steps: int, path: P
         frames = [episode.frames[0]]
         for t in range(steps):
             prompt = world.prompt(codes, flags, episode.actions[: t + 1])
-            c, p, _ = world.predict([prompt], k=1)
-            codes.append(c[0, 0])
-            flags.append(bool(p[0, 0] > 0.5))
-            frames.append(world.decode_rollout(c, frames[-1][None], episode.frames[:1], frames[max(t - 1, 0)][None],
-                                               episode.actions[t][None, None])[0, 0])
+            start = RolloutStart(frames[-1][None], episode.frames[:1], frames[max(t - 1, 0)][None], episode.actions[t][None])
+            rollout = world.rollout([prompt], start, k=1)
+            codes.append(rollout.context[0, 0])
+            flags.append(bool(rollout.success[0, 0] > 0.5))
+            frames.append(rollout.frames[0, 0])
         columns.append(np.stack(frames))
     images = [Image.fromarray(np.concatenate([col[t] for col in columns], 1)).resize((64 * len(columns) * 3, 192), Image.NEAREST)
               for t in range(steps + 1)]

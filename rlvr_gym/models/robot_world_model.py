@@ -41,6 +41,11 @@ class WorldModelSettings:
     success_thresholds: dict[str, float] = field(default_factory=dict)
     """Per task, the success probability above which the simulator calls a frame a success (tasks not listed:
     0.5). Set by `rlvr-gym calibrate rt1` from open-loop replays of training episodes."""
+    context_from_frames: bool = False
+    """How a predicted frame enters the next prompt. False: as the codes the transformer generated. True: as the
+    tokenizer's codes of the frame shown (decoded and motion-refined), so the rollout's state is what the agent
+    sees. With a refiner this keeps objects the codes would drop: a refined frame that still shows an object encodes
+    to codes that show it (docs/rt1_experiments.md, session 18). `train refiner` sets it."""
 
     def success_threshold(self, task: str) -> float:
         return self.success_thresholds.get(task, DEFAULT_SUCCESS_THRESHOLD)
@@ -63,6 +68,38 @@ def load_frame_tokenizer(path: str | os.PathLike) -> FrameTokenizer:
 
 def load_motion_refiner(path: str | os.PathLike) -> MotionRefiner:
     return load_network(MotionRefiner, path, "motion refiner")
+
+
+@dataclass
+class RolloutStart:
+    """The real frames k-step rollouts start from, one row per prompt, so that each frame can be decoded as it is
+    predicted (what `RobotWorldModel.decode_rollout` takes)."""
+
+    last: np.ndarray
+    """(P, 64, 64, 3) the prompt's last frame."""
+    first: np.ndarray
+    """(P, 64, 64, 3) the episode's first frame."""
+    before: np.ndarray
+    """(P, 64, 64, 3) the frame before `last` (`last` itself at an episode's first step)."""
+    action: np.ndarray
+    """(P, 7) the prompt's last action: the one whose outcome is the first predicted frame."""
+
+    def rows(self, index) -> RolloutStart:
+        return RolloutStart(*(np.asarray(x)[index] for x in (self.last, self.first, self.before, self.action)))
+
+
+@dataclass
+class Rollout:
+    codes: np.ndarray
+    """(rows, k, frame_tokens) the generated codes; -1 from an unparsable frame on."""
+    success: np.ndarray
+    """(rows, k) the success head's probability for each frame."""
+    errors: list[str | None]
+    """Per row, the first parse error met."""
+    frames: np.ndarray | None = None
+    """(rows, k, 64, 64, 3) the frames shown (decoded and refined), when the rollout had a `RolloutStart`."""
+    context: np.ndarray | None = None
+    """(rows, k, frame_tokens) the codes each frame entered the next prompt as (see `context_from_frames`)."""
 
 
 class RobotWorldModel:
@@ -237,7 +274,6 @@ class RobotWorldModel:
         keep = self.settings.context_steps * self.step_tokens
         return [R.BOS] + (list(prompt[1:]) + R.step_tokens(codes, flag, action))[-keep:]
 
-    @torch.no_grad()
     def predict(
         self,
         prompts: list[list[int]],
@@ -247,47 +283,82 @@ class RobotWorldModel:
         num_samples: int = 1,
         generator: torch.Generator | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+        """The codes, success probabilities and errors of `rollout` without frames: for k > 1 only a model whose
+        prompts take the generated codes (`context_from_frames` False) can roll out without decoding."""
+        result = self.rollout(prompts, None, k, future_actions, sampling, num_samples, generator)
+        return result.codes, result.success, result.errors
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        prompts: list[list[int]],
+        start: RolloutStart | None,
+        k: int = 1,
+        future_actions: list | None = None,
+        sampling: SamplingConfig | None = None,
+        num_samples: int = 1,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
         """Roll k frames forward from each prompt under the given actions (k-1 per prompt after the prompt's own).
 
         One frame at a time: each predicted frame, its predicted flag and the next real action join the prompt and
         the oldest step leaves it, exactly as the learned env steps, so a rollout never sees a longer context than
-        the model was trained on. Rows are prompt-major (prompt i's samples are rows i*num_samples ...).
-        Returns codes (rows, k, frame_tokens) (-1 from an unparsable frame on), success probabilities (rows, k) and
-        per-row errors (the first one met).
+        the model was trained on. With `start` each frame is decoded (and refined) as it comes, and with
+        `context_from_frames` it joins the prompt as the codes of that frame. Rows are prompt-major (prompt i's
+        samples are rows i*num_samples ...). An unparsable frame (the layout mask makes it unreachable for a sane
+        model) leaves its row's codes -1 from there on; the row goes on from its last frame repeated.
         """
         if k > 1 and (future_actions is None or len(future_actions) != len(prompts)):
             raise ValueError(f"a {k}-step rollout needs {k - 1} future actions for each of the {len(prompts)} prompts")
+        if start is None and k > 1 and self.settings.context_from_frames:
+            raise ValueError("this world model feeds its decoded frames back into the prompt (context_from_frames): "
+                             "a rollout of more than one frame needs a RolloutStart to decode them from")
+        if start is not None and len(start.last) != len(prompts):
+            raise ValueError(f"expected a RolloutStart row per prompt ({len(prompts)}), got {len(start.last)}")
         sampling = sampling or SamplingConfig(temperature=0.0)
         sampling = SamplingConfig(R.rollout_length(1, self.frame_tokens), sampling.temperature, sampling.top_k,
                                   sampling.top_p, ())
         allowed = R.rollout_allowed_tokens(1, self.frame_tokens)
         rows = len(prompts) * num_samples
         codes = np.full((rows, k, self.frame_tokens), -1, dtype=np.int64)
+        context = np.zeros_like(codes)
         success = np.zeros((rows, k), dtype=np.float32)
         errors: list[str | None] = [None] * rows
-        current = [list(p) for p in prompts]
+        frames = None
+        if start is not None:
+            start = start.rows(np.arange(rows) // num_samples)
+            frames = np.zeros((rows, k, *start.last.shape[1:]), dtype=np.uint8)
+            last, before = start.last, start.before
+        current = [list(prompts[i // num_samples]) for i in range(rows)]
         for step in range(k):
             rollout = sample(
-                self.lm, current, sampling, num_samples=num_samples if step == 0 else 1, pad_token_id=R.PAD,
-                generator=generator, track_token_ids=(R.FLAG_RUNNING, R.FLAG_SUCCESS), allowed_tokens=allowed,
+                self.lm, current if step else list(prompts), sampling, num_samples=num_samples if step == 0 else 1,
+                pad_token_id=R.PAD, generator=generator, track_token_ids=(R.FLAG_RUNNING, R.FLAG_SUCCESS),
+                allowed_tokens=allowed,
             )
             tracked = rollout.tracked_probs[:, self.frame_tokens]  # the flag's (rows, 2)
             success[:, step] = (tracked[:, 1] / tracked.sum(-1).clamp(min=1e-9)).cpu().numpy()
-            completions = rollout.completions()
-            if step == 0:
-                current = [current[i // num_samples] for i in range(rows)]
-            for i, completion in enumerate(completions):
-                frames, flags, error = R.parse_rollout(completion, 1, self.frame_tokens)
+            flags = np.zeros(rows, dtype=bool)
+            for i, completion in enumerate(rollout.completions()):
+                parsed, parsed_flags, error = R.parse_rollout(completion, 1, self.frame_tokens)
                 if errors[i] is None and error is not None:
                     errors[i] = f"frame {step}: {error}" if k > 1 else error
                 if errors[i] is None:
-                    codes[i, step] = frames[0]
-                if step < k - 1:
-                    # After an unparsable frame (the layout mask makes it unreachable for a sane model) the row goes
-                    # on from its last frame repeated; its codes stay -1 from there.
-                    if frames is not None:
-                        frame, flag = frames[0], bool(flags[0])
-                    else:
-                        frame, flag = current[i][-self.step_tokens :][: self.frame_tokens], False
-                    current[i] = self.slide(current[i], frame, flag, future_actions[i // num_samples][step])
-        return codes, success, errors
+                    codes[i, step], flags[i] = parsed[0], bool(parsed_flags[0])
+                    context[i, step] = parsed[0]
+                else:  # repeat the last frame
+                    context[i, step] = current[i][-self.step_tokens :][: self.frame_tokens]
+            if start is not None:
+                reference = start.first if self.context_frame == "first" else last
+                frame = self.decode(context[:, step], reference)
+                if self.refiner is not None:
+                    action = start.action if step == 0 else np.stack([future_actions[i // num_samples][step - 1] for i in range(rows)])
+                    frame = self.refiner.refine(before, last, frame, action)
+                frames[:, step] = frame
+                if self.settings.context_from_frames:
+                    context[:, step] = self.encode(frame, reference)
+                before, last = last, frame
+            if step < k - 1:
+                current = [self.slide(current[i], context[i, step], flags[i], future_actions[i // num_samples][step])
+                           for i in range(rows)]
+        return Rollout(codes, success, errors, frames, context)

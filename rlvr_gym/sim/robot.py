@@ -24,7 +24,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from rlvr_gym.data.episodes import Episode, load_episodes
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.lm import CheckpointError
-from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel
+from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
 from rlvr_gym.models.sampler import SamplingConfig
 
 INITIAL_STATES = "initial_states.npz"
@@ -182,23 +182,18 @@ class _Simulator:
         return _Rollout(index, sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold, frame, frame.copy())
 
     def advance(self, rollouts: list[_Rollout], actions: np.ndarray, generator: torch.Generator | None) -> None:
-        """Predict the next frame of every rollout under its action with one batched `predict` call."""
+        """Predict the next frame of every rollout under its action with one batched `rollout` call."""
         for rollout, action in zip(rollouts, actions):
             rollout.actions.append(action)
         prompts = [self.world.prompt(list(r.codes), list(r.flags), list(r.actions)) for r in rollouts]
-        codes, success, errors = self.world.predict(prompts, k=1, sampling=self.sampling, generator=generator)
-        codes, success = codes[:, 0], success[:, 0]
-        for i, (rollout, error) in enumerate(zip(rollouts, errors)):
-            if error is not None:  # the layout mask makes this unreachable for a sane model; repeat the last frame
-                codes[i] = rollout.codes[-1]
-        starts, firsts = np.stack([r.frame for r in rollouts]), np.stack([r.first_frame for r in rollouts])
-        befores = np.stack([r.before for r in rollouts])
-        frames = self.world.decode_rollout(codes[:, None], starts, firsts, befores, np.asarray(actions)[:, None])[:, 0]
-        for rollout, code, prob, frame, error in zip(rollouts, codes, success, frames, errors):
-            rollout.codes.append(code)
+        start = RolloutStart(np.stack([r.frame for r in rollouts]), np.stack([r.first_frame for r in rollouts]),
+                             np.stack([r.before for r in rollouts]), np.asarray(actions))
+        result = self.world.rollout(prompts, start, k=1, sampling=self.sampling, generator=generator)
+        for i, rollout in enumerate(rollouts):
+            rollout.codes.append(result.context[i, 0])
             rollout.before = rollout.frame
-            rollout.flags.append(bool(prob > rollout.threshold))
-            rollout.frame, rollout.success_prob, rollout.error = frame, float(prob), error
+            rollout.flags.append(bool(result.success[i, 0] > rollout.threshold))
+            rollout.frame, rollout.success_prob, rollout.error = result.frames[i, 0], float(result.success[i, 0]), result.errors[i]
             rollout.steps += 1
 
     def info(self, rollout: _Rollout) -> dict[str, Any]:

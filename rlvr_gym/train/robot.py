@@ -23,7 +23,9 @@ from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import CONTEXT_FRAMES, FrameTokenizer, FrameTokenizerConfig
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
 from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig
-from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings, load_frame_tokenizer, load_motion_refiner
+from rlvr_gym.models.robot_world_model import (
+    RobotWorldModel, RolloutStart, WorldModelSettings, load_frame_tokenizer, load_motion_refiner,
+)
 from rlvr_gym.sim.robot import save_initial_states
 from rlvr_gym.train import run as RUN
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
@@ -228,6 +230,9 @@ class RefinerConfig(RUN.RunConfig):
     the shipped checkpoints' 10 MB budget beside the transformer and the tokenizer; 32 with 2 is 942k."""
     eval_transitions: int = 512
     """Held-out transitions scored at each evaluation."""
+    context_from_frames: bool = True
+    """Whether RUN_DIR/world_model feeds the frames it shows back into its prompts (WorldModelSettings). Measured
+    (docs/rt1_experiments.md, session 18): with the refiner it keeps objects the codes alone drop in rollouts."""
 
 
 def greedy_predictions(world: RobotWorldModel, episodes: list[Episode], where: list[tuple[int, int]] | None = None,
@@ -331,6 +336,7 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
     final = run.finish()
     if d.is_main:
         world.refiner = load_motion_refiner(final)
+        world.settings.context_from_frames = config.context_from_frames
         world.to("cpu").save(run_dir / "world_model")
         source = RobotWorldModel.resolve(config.world_model)
         if (source / "initial_states.npz").is_file():
@@ -563,8 +569,8 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
                      moved_fraction: float = 0.0) -> list[dict]:
     """Single-step prompts `count` (episode, t) pairs drawn at random (`moved_fraction` of them where a whole object
     moves, see `draw_prompts`), each d frames deep into a greedy rollout of the model (d drawn evenly from 1..depth):
-    the frames after t-d+1 in the prompt are the model's predictions, made by `world.predict` with the window sliding
-    as in the learned env. "last_codes" is the prompt's last frame (what a repeat copies)."""
+    the frames after t-d+1 in the prompt are the model's predictions, made by `world.rollout` with the window sliding
+    as in the learned env (and entering the prompt as it does there). "last_codes" is the prompt's last frame (what a repeat copies)."""
     codes = codes_per_episode or [episode_codes(world.frame_tokenizer, e) for e in episodes]
     flags = [frame_flags(e) for e in episodes]
     real = rlvr_examples(world, episodes, 1, codes)
@@ -584,8 +590,10 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
             begins = [(ex["episode"], ex["t"] - n) for ex in part]
             prompts = [world.prompt(codes[e][: b + 1], flags[e][: b + 1], episodes[e].actions[: b + 1]) for e, b in begins]
             future = [episodes[e].actions[b + 1 : b + n] for e, b in begins]
-            rolled, success, _ = world.predict(prompts, k=n, future_actions=future)
-            for ex, (e, b), frames, probs in zip(part, begins, rolled, success):
+            start = RolloutStart(*(np.stack(x) for x in zip(*[(episodes[e].frames[b], episodes[e].frames[0],
+                                 episodes[e].frames[max(b - 1, 0)], episodes[e].actions[b]) for e, b in begins])))
+            rollout = world.rollout(prompts, start, k=n, future_actions=future)
+            for ex, (e, b), frames, probs in zip(part, begins, rollout.context, rollout.success):
                 history = list(codes[e][: b + 1]) + list(frames)
                 history_flags = list(flags[e][: b + 1]) + [bool(p > 0.5) for p in probs]
                 prompt = world.prompt(history, history_flags, episodes[e].actions[: ex["t"] + 1])
