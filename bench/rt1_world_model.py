@@ -24,7 +24,7 @@ from rlvr_gym.evaluation.robot import (
     batched_lpips, evaluate_world_model, fresh_episodes, predict_in_batches, rollout_gif, rollout_start, single_step_prompts,
     summary_line, tokenize_episodes,
 )
-from rlvr_gym.models.robot_world_model import RobotWorldModel
+from rlvr_gym.models.robot_world_model import Rollout, RobotWorldModel
 from rlvr_gym.models.sampler import SamplingConfig
 
 BEST_OF = (1, 2, 4, 8, 16, 32, 64, 100)
@@ -38,21 +38,21 @@ def last_prompt_frame(prompt: list[int], frame_tokens: int) -> np.ndarray:
 def repetition_rejection(world: RobotWorldModel, tries: int = 4):
     """Greedy prediction, replaced by the first of `tries` samples (temperature 1) that repeats no frame."""
 
-    def choose(prompts, start, k, future):
-        greedy = predict_in_batches(world, prompts, start, k, future, SamplingConfig(temperature=0.0)).codes
-        samples = predict_in_batches(world, prompts, start, k, future, SamplingConfig(temperature=1.0), num_samples=tries).codes
-        samples = samples.reshape(len(prompts), tries, k, -1)
-        out = greedy.copy()
+    def choose(prompts, start, k, future) -> Rollout:
+        greedy = predict_in_batches(world, prompts, start, k, future, SamplingConfig(temperature=0.0))
+        samples = predict_in_batches(world, prompts, start, k, future, SamplingConfig(temperature=1.0), num_samples=tries)
+        pool = Rollout.concatenate([greedy, samples])
+
+        def repeats(row: int, prompt: list[int]) -> bool:
+            # The frame before each predicted one, as the prompt held it.
+            previous = np.concatenate([last_prompt_frame(prompt, world.frame_tokens)[None], pool.context[row, :-1]])
+            return bool((pool.codes[row] == previous).all(-1).any())
+
+        chosen = []
         for i, prompt in enumerate(prompts):
-            previous = np.concatenate([last_prompt_frame(prompt, world.frame_tokens)[None], greedy[i, :-1]])
-            if not (greedy[i] == previous).all(-1).any():
-                continue
-            for candidate in samples[i]:
-                prev = np.concatenate([last_prompt_frame(prompt, world.frame_tokens)[None], candidate[:-1]])
-                if not (candidate == prev).all(-1).any():
-                    out[i] = candidate
-                    break
-        return out
+            candidates = [len(prompts) + i * tries + s for s in range(tries)]
+            chosen.append(i if not repeats(i, prompt) else next((r for r in candidates if not repeats(r, prompt)), i))
+        return pool.select(chosen)
 
     return choose
 

@@ -432,6 +432,30 @@ def test_evaluation_reports_model_and_baselines(tiny_world):
         assert key in line
     assert single["tokenizer_ceiling"]["mse"] >= 0 and single["real_repetition_rate"] <= 1
 
+    from bench.rt1_world_model import repetition_rejection
+
+    rejected = evaluate_world_model(world, load_episodes(root / "heldout"), horizon=2, choose=repetition_rejection(world))
+    for part in ("single", "multi"):
+        assert rejected[part]["model"]["repetition_rate"] <= result[part]["model"]["repetition_rate"]
+
+
+def test_a_model_that_feeds_back_its_frames_counts_repeats_against_the_frames_it_was_prompted_with(tiny_world):
+    from rlvr_gym.evaluation.robot import (
+        evaluate_world_model, multi_step_prompts, predict_in_batches, rollout_start, tokenize_episodes,
+    )
+
+    root, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
+    world.settings.context_from_frames = True
+    episodes = load_episodes(root / "heldout")
+    result = evaluate_world_model(world, episodes, horizon=3)
+    data = tokenize_episodes(world, episodes)
+    prompts, future, where = multi_step_prompts(world, data, 3)
+    rollout = predict_in_batches(world, prompts, rollout_start(data, where), 3, future)
+    repeats = (rollout.codes[:, 1:] == rollout.context[:, :-1]).all(-1).mean(0)
+    assert [s["repetition_rate"] for s in result["multi"]["per_step"][1:]] == pytest.approx(repeats.tolist())
+
 
 def test_half_precision_checkpoints_load_back_as_float32(tiny_world, tmp_path):
     _, world_dir = tiny_world

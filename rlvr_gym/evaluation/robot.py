@@ -15,6 +15,7 @@ import json
 import math
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -102,25 +103,25 @@ def rollout_start(data: list[EpisodeTokens], where: list[tuple[int, int]]) -> Ro
                         frames(lambda e, t: e.frames[max(t - 1, 0)]), frames(lambda e, t: e.actions[t]))
 
 
-def predict_in_batches(world: RobotWorldModel, prompts, start: RolloutStart, k: int, future, sampling: SamplingConfig,
-                       num_samples: int = 1, batch: int = 64, seed: int = 0) -> Rollout:
+def predict_in_batches(world: RobotWorldModel, prompts, start: RolloutStart, k: int, future,
+                       sampling: SamplingConfig | None = None, num_samples: int = 1, batch: int = 64,
+                       seed: int = 0) -> Rollout:
     """`world.rollout` over the prompts in batches of `batch`, concatenated."""
     parts = []
     for s in range(0, len(prompts), batch):
         parts.append(world.rollout(prompts[s : s + batch], start.rows(slice(s, s + batch)), k,
                                    future[s : s + batch] if future else None, sampling, num_samples,
                                    torch.Generator().manual_seed(seed + s)))
-    return Rollout(np.concatenate([p.codes for p in parts]), np.concatenate([p.success for p in parts]),
-                   [e for p in parts for e in p.errors], np.concatenate([p.frames for p in parts]),
-                   np.concatenate([p.context for p in parts]))
+    return Rollout.concatenate(parts)
 
 
 def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizon: int = 5,
                          sampling: SamplingConfig | None = None, choose=None) -> dict:
     """Metrics of single-step and `horizon`-step predictions on the episodes, with the baselines.
 
-    `choose(prompts, start, k, future) -> codes (n, k, frame tokens)` replaces greedy prediction (best-of-N,
-    rejection sampling); its codes are decoded in order.
+    `choose(prompts, start, k, future) -> Rollout` replaces greedy prediction (best-of-N, rejection sampling).
+    A frame repeats when its codes equal those the prompt held for the frame before (the real codes at step 1 of a
+    rollout; after that the predicted frame as it entered the prompt, see `context_from_frames`).
     """
     sampling = sampling or SamplingConfig(temperature=0.0)
     data = tokenize_episodes(world, episodes)
@@ -137,12 +138,8 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
     def decode_one(c: np.ndarray) -> np.ndarray:
         return world.decode_rollout(c[:, None], prev, firsts, befores, actions)[:, 0]
 
-    if choose:
-        codes = choose(prompts, start, 1, None)
-        pred = decode_one(codes[:, 0])
-    else:
-        rollout = predict_in_batches(world, prompts, start, 1, None, sampling)
-        codes, pred = rollout.codes, rollout.frames[:, 0]
+    rollout = (choose or partial(predict_in_batches, world, sampling=sampling))(prompts, start, 1, None)
+    codes, pred = rollout.codes, rollout.frames[:, 0]
     result["single"] = {
         "model": {**frame_metrics(pred, target, prev), "repetition_rate": R.repetition_rate(codes[:, 0], prev_codes),
                   "false_repetition_rate": R.false_repetition_rate(codes[:, 0], prev_codes, next_codes, prev_codes),
@@ -156,18 +153,13 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
     prompts, future, where = multi_step_prompts(world, data, horizon)
     if prompts:
         start = rollout_start(data, where)
-        actions = np.stack([data[i].episode.actions[t : t + horizon] for i, t in where])
-        if choose:
-            codes = choose(prompts, start, horizon, future)
-            preds = world.decode_rollout(codes, start.last, start.first, start.before, actions)
-        else:
-            rollout = predict_in_batches(world, prompts, start, horizon, future, sampling)
-            codes, preds = rollout.codes, rollout.frames
+        rollout = (choose or partial(predict_in_batches, world, sampling=sampling))(prompts, start, horizon, future)
+        codes, preds = rollout.codes, rollout.frames
         per_step = []
         for j in range(horizon):
             target = np.stack([data[i].episode.frames[t + 1 + j] for i, t in where])
             prev = np.stack([data[i].episode.frames[t + j] for i, t in where])
-            previous_pred = np.stack([data[i].codes[t] for i, t in where]) if j == 0 else codes[:, j - 1]
+            previous_pred = np.stack([data[i].codes[t] for i, t in where]) if j == 0 else rollout.context[:, j - 1]
             real_codes = np.stack([data[i].codes[t + 1 + j] for i, t in where])
             previous_real = np.stack([data[i].codes[t + j] for i, t in where])
             pred = preds[:, j]

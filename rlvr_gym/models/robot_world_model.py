@@ -101,6 +101,18 @@ class Rollout:
     context: np.ndarray | None = None
     """(rows, k, frame_tokens) the codes each frame entered the next prompt as (see `context_from_frames`)."""
 
+    def select(self, rows) -> Rollout:
+        """The rollout's rows `rows` (an index array), in that order."""
+        rows = np.asarray(rows)
+        pick = lambda x: None if x is None else x[rows]
+        return Rollout(self.codes[rows], self.success[rows], [self.errors[i] for i in rows], pick(self.frames),
+                       pick(self.context))
+
+    @staticmethod
+    def concatenate(parts: list[Rollout]) -> Rollout:
+        join = lambda name: None if getattr(parts[0], name) is None else np.concatenate([getattr(p, name) for p in parts])
+        return Rollout(join("codes"), join("success"), [e for p in parts for e in p.errors], join("frames"), join("context"))
+
 
 class RobotWorldModel:
     def __init__(self, lm: torch.nn.Module, frame_tokenizer: FrameTokenizer, settings: WorldModelSettings,
