@@ -90,6 +90,8 @@ class RolloutStart:
 
 @dataclass
 class Rollout:
+    """What `RobotWorldModel.rollout` returns: rows are prompt-major (prompt i's samples are rows i*num_samples ...)."""
+
     codes: np.ndarray
     """(rows, k, frame_tokens) the generated codes; -1 from an unparsable frame on."""
     success: np.ndarray
@@ -343,15 +345,15 @@ class RobotWorldModel:
             last, before = start.last, start.before
         current = [list(prompts[i // num_samples]) for i in range(rows)]
         for step in range(k):
-            rollout = sample(
+            generated = sample(
                 self.lm, current if step else list(prompts), sampling, num_samples=num_samples if step == 0 else 1,
                 pad_token_id=R.PAD, generator=generator, track_token_ids=(R.FLAG_RUNNING, R.FLAG_SUCCESS),
                 allowed_tokens=allowed,
             )
-            tracked = rollout.tracked_probs[:, self.frame_tokens]  # the flag's (rows, 2)
+            tracked = generated.tracked_probs[:, self.frame_tokens]  # the flag's (rows, 2)
             success[:, step] = (tracked[:, 1] / tracked.sum(-1).clamp(min=1e-9)).cpu().numpy()
             flags = np.zeros(rows, dtype=bool)
-            for i, completion in enumerate(rollout.completions()):
+            for i, completion in enumerate(generated.completions()):
                 parsed, parsed_flags, error = R.parse_rollout(completion, 1, self.frame_tokens)
                 if errors[i] is None and error is not None:
                     errors[i] = f"frame {step}: {error}" if k > 1 else error

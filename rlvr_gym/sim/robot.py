@@ -338,8 +338,10 @@ class RT1WorldEnv(gym.Env):
     ## Description
     Each step appends the action to the episode's sliding window of past (frame codes, success flag, action),
     asks the world model for the next frame's 64 codes and success flag (one frame, k = 1), and decodes the
-    codes into a 64x64 frame with the episode's first real frame as the tokenizer's context. Nothing of the
-    real env runs: frames, reward and termination all come from the model.
+    codes into a 64x64 frame with the episode's first real frame as the tokenizer's context; a motion refiner, where
+    the checkpoint has one, then redraws it from the two frames before. With `context_from_frames` (the shipped
+    checkpoints) the window takes the codes of the frame shown, not the ones generated, so the env's state is what
+    the agent sees. Nothing of the real env runs: frames, reward and termination all come from the model.
 
     ## Action Space
     `Box(-1, 1, (7,), float32)`, RT-1's end-effector action as in the real env: `[0:3]` world_vector,
