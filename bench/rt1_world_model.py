@@ -119,7 +119,7 @@ def markdown(report: dict) -> str:
     single += [{"model": name, "psnr": l["psnr"], "ssim": l["ssim"], "lpips": l["lpips"], "mse": l["mse"],
                 "changed_mse": l["single_changed_mse"], "object_error_px": l["single_object_error_px"],
                 "object_error_px_whole": l["single_object_error_px_whole"], "repetition_rate": l["repetition_rate"], "false_repetition_rate": l["false_repetition_rate"],
-                "moving_repetition_rate": l["moving_repetition_rate"]}
+                "moving_repetition_rate": l["moving_repetition_rate"], "frozen_rate": l["frozen_rate"]}
                for name, l in lines.items()]
     h = report["horizon"]
     multi = [{"model": "copy frame t", f"step {h} psnr": first[f"multi_step{h}_copy_psnr"],
@@ -132,7 +132,7 @@ def markdown(report: dict) -> str:
                f"step {h} object_error_px": l[f"multi_step{h}_object_error_px"],
                f"step {h} object_error_px_whole": l[f"multi_step{h}_object_error_px_whole"], "repetition_rate": l["multi_repetition_rate"],
                "false_repetition_rate": l["multi_false_repetition_rate"],
-               "moving_repetition_rate": l["multi_moving_repetition_rate"]}
+               "moving_repetition_rate": l["multi_moving_repetition_rate"], "frozen_rate": l["multi_frozen_rate"]}
               for name, l in lines.items()]
     mle, rl = lines["MLE"], lines["RLVR"]
     gain = (mle["multi_lpips"] - rl["multi_lpips"]) / mle["multi_lpips"] * 100
@@ -151,7 +151,9 @@ def markdown(report: dict) -> str:
         f"changed) {mle['multi_false_repetition_rate']:.3f} -> {rl['multi_false_repetition_rate']:.3f} ({change(mle['multi_false_repetition_rate'], rl['multi_false_repetition_rate'])}); "
         f"repeating where the real frame visibly moved ({R.VISIBLE_MOTION_PIXELS}+ pixels changed; a code flipping between "
         f"near-identical frames is not motion) {mle['multi_moving_repetition_rate']:.3f} -> {rl['multi_moving_repetition_rate']:.3f} "
-        f"({change(mle['multi_moving_repetition_rate'], rl['multi_moving_repetition_rate'])}).\n\n"
+        f"({change(mle['multi_moving_repetition_rate'], rl['multi_moving_repetition_rate'])}); a frame shown still where the "
+        f"real one visibly moved (read from the pixels, not the codes) {mle['multi_frozen_rate']:.3f} -> "
+        f"{rl['multi_frozen_rate']:.3f} ({change(mle['multi_frozen_rate'], rl['multi_frozen_rate'])}).\n\n"
         "## MLE + best-of-N (single step, oracle choice by -(L1 + LPIPS))\n\n" + markdown_table(report["best_of_n"], digits=4) +
         "\n\n![metrics](rt1_world_model.png)\n\nReal (left) vs MLE vs RLVR, autoregressive from the first frame: "
         "![rollouts](rt1_rollouts.gif)\n"

@@ -241,3 +241,19 @@ def test_too_small_frames_and_mismatched_tokens_raise():
         robot.ssim(torch.zeros(1, 3, 8, 8), torch.zeros(1, 3, 8, 8))
     with pytest.raises(ValueError, match="same shape"):
         robot.repetition_rate(np.zeros((2, 64)), np.zeros((3, 64)))
+
+
+def test_frozen_frame_rate_reads_from_the_pixels_where_the_real_frame_visibly_moved():
+    prev = np.zeros((3, 64, 64, 3), dtype=np.uint8)
+    target = prev.copy()
+    target[0, 10:20, 10:20] = 200  # visibly moved
+    target[1, 10:20, 10:20] = 200  # visibly moved
+    target[2, 10:12, 10:12] = 200  # 4 pixels: did not
+    shown_before = np.full_like(prev, 50)
+    pred = shown_before.copy()
+    pred[0, 30:40, 30:40] = 250  # the prediction moves in row 0 (anywhere), stands still in rows 1 and 2
+    pred[1, 0, 0] = 200  # one pixel: still, to the eye
+    assert robot.frozen_frame_rate(pred, shown_before, target, prev) == 0.5, "row 1 froze; row 2 did not move for real"
+    assert math.isnan(robot.frozen_frame_rate(pred[2:], shown_before[2:], target[2:], prev[2:])), "nothing moved"
+    with pytest.raises(ValueError, match="as many predicted as real"):
+        robot.frozen_frame_rate(pred[:2], shown_before[:2], target, prev)

@@ -427,7 +427,7 @@ def test_evaluation_reports_model_and_baselines(tiny_world):
     assert result["multi"]["horizon"] == 2 and len(result["multi"]["per_step"]) == 2
     line = summary_line(result)
     for key in ("mse", "psnr", "ssim", "lpips", "repetition_rate", "moving_repetition_rate", "multi_lpips",
-                "multi_repetition_rate", "multi_moving_repetition_rate", "n",
+                "multi_repetition_rate", "multi_moving_repetition_rate", "frozen_rate", "multi_frozen_rate", "n",
                 "copy_last_frame_psnr", "tokenizer_ceiling_psnr", "tokenizer_ceiling_object_error_px", "multi_step2_copy_psnr"):
         assert key in line
     assert single["tokenizer_ceiling"]["mse"] >= 0 and single["real_repetition_rate"] <= 1

@@ -234,6 +234,24 @@ def moving_repetition_rate(pred_tokens: np.ndarray | torch.Tensor, prev_pred_tok
     return _repeats_where(pred, prev_pred, changed_pixels(target, prev, threshold).sum(dim=(1, 2)) >= min_pixels)
 
 
+def frozen_frame_rate(pred: Frames, prev_pred: Frames, target: Frames, prev: Frames, threshold: float = 0.05,
+                      min_pixels: int = VISIBLE_MOTION_PIXELS) -> float:
+    """Among the steps where the real frame visibly moved (as in `moving_repetition_rate`), the fraction whose
+    predicted frame did not: fewer than `min_pixels` pixels changed from the frame shown before it.
+
+    Read from the frames rather than the codes, so it means the same for any tokenizer, with a motion refiner, and
+    for a model whose prompts take the codes of the frames shown (`context_from_frames`), whose generated codes
+    rarely equal the re-encoded ones bit for bit even when the picture stands still (NaN when no real frame moved)."""
+    pred, prev_pred = _frame_pair(pred, prev_pred)
+    target, prev = _frame_pair(target, prev)
+    if len(pred) != len(target):
+        raise ValueError(f"expected as many predicted as real frames, got {len(pred)} and {len(target)}")
+    moved = changed_pixels(target, prev, threshold).sum(dim=(1, 2)) >= min_pixels
+    if not moved.any():
+        return math.nan
+    return (changed_pixels(pred, prev_pred, threshold).sum(dim=(1, 2)) < min_pixels)[moved].float().mean().item()
+
+
 # ---------------------------------------------------------------------------------------------------- objects
 
 # Object colours in the rendered frames (envs/robot/scene.py: red cube, green cube, blue can), as channel tests.

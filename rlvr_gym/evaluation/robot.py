@@ -143,7 +143,8 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
     result["single"] = {
         "model": {**frame_metrics(pred, target, prev), "repetition_rate": R.repetition_rate(codes[:, 0], prev_codes),
                   "false_repetition_rate": R.false_repetition_rate(codes[:, 0], prev_codes, next_codes, prev_codes),
-                  "moving_repetition_rate": R.moving_repetition_rate(codes[:, 0], prev_codes, target, prev), "n": len(idx)},
+                  "moving_repetition_rate": R.moving_repetition_rate(codes[:, 0], prev_codes, target, prev),
+                  "frozen_rate": R.frozen_frame_rate(pred, prev, target, prev), "n": len(idx)},
         "copy_last_frame": frame_metrics(prev, target, prev),
         "copy_last_frame_tokenized": frame_metrics(decode_one(prev_codes), target, prev),
         "tokenizer_ceiling": frame_metrics(decode_one(next_codes), target, prev),
@@ -170,13 +171,14 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
                 "repetition_rate": R.repetition_rate(codes[:, j], previous_pred),
                 "false_repetition_rate": R.false_repetition_rate(codes[:, j], previous_pred, real_codes, previous_real),
                 "moving_repetition_rate": R.moving_repetition_rate(codes[:, j], previous_pred, target, prev),
+                "frozen_rate": R.frozen_frame_rate(pred, start.last if j == 0 else preds[:, j - 1], target, prev),
                 "real_repetition_rate": R.repetition_rate(real_codes, previous_real),
                 "copy_start_psnr": float(R.psnr(start.last, target).clamp(max=60).mean()),
                 "copy_start_changed_mse": changed_mse(start.last, target, prev),
                 **{f"copy_start_{k}": v for k, v in object_errors(start.last, target, start.last).items()},
             })
         keys = ["mse", "psnr", "ssim", "lpips", "changed_mse", "object_error_px", "repetition_rate", "false_repetition_rate",
-                "moving_repetition_rate", "real_repetition_rate"]
+                "moving_repetition_rate", "frozen_rate", "real_repetition_rate"]
         result["multi"] = {
             "horizon": horizon,
             "n": len(prompts),
@@ -190,7 +192,7 @@ def summary_line(result: dict) -> dict:
     """The flat JSON line `rlvr-gym eval rt1` prints."""
     single = result["single"]["model"]
     line = {f"{k}": single[k] for k in ("mse", "psnr", "ssim", "lpips", "repetition_rate", "false_repetition_rate",
-                                        "moving_repetition_rate")}
+                                        "moving_repetition_rate", "frozen_rate")}
     line["real_repetition_rate"] = result["single"]["real_repetition_rate"]
     motion = ("changed_mse", "object_error_px", "object_error_px_whole")
     line.update({f"single_{k}": single[k] for k in motion})
