@@ -487,7 +487,8 @@ class RT1RLVRConfig:
     horizon: int = 1
     """Frames predicted per rollout (1: single-step; >1: real actions spliced between generated frames). A k-step
     rollout is one completion, so its prompt grows past `context_steps` by k-1 steps, where eval and the env slide
-    the window instead."""
+    the window instead, and its later frames follow the generated codes even for a model with `context_from_frames`.
+    `--rollout-depth` prompts are the env's own: they come from `RobotWorldModel.rollout`."""
     object_weight: float = 0.5
     """Weight of the object term: the reward loses this times the mean over the objects showing in the real frame
     of min(centroid distance, 45 px) / 45, a lost object counting 1 (colours read from the frames, as the eval's
