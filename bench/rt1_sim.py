@@ -47,9 +47,10 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def frame_decode_flops(world: RobotWorldModel) -> float:
-    """FLOPs of decoding one frame (the frame tokenizer's decoder and the motion refiner, if any), counted from the
-    conv layers' shapes on a real forward pass."""
+def frame_flops(world: RobotWorldModel) -> float:
+    """FLOPs of the frame networks in one env step (the frame tokenizer's decoder, the motion refiner if any, and the
+    encoder when the frame shown enters the next prompt: `context_from_frames`), counted from the conv layers'
+    shapes on a real forward pass."""
     flops = 0
 
     def count(module, inputs, output):
@@ -61,6 +62,8 @@ def frame_decode_flops(world: RobotWorldModel) -> float:
              for m in network.modules() if isinstance(m, torch.nn.Conv2d)]
     frame = np.zeros((1, 64, 64, 3), np.uint8)
     world.decode_rollout(np.zeros((1, 1, world.frame_tokens), np.int64), frame, frame, frame, np.zeros((1, 1, 7)))
+    if world.settings.context_from_frames:
+        world.encode(frame, frame)
     for h in hooks:
         h.remove()
     return float(flops)
@@ -90,7 +93,7 @@ def main(out_dir: str = "runs/bench", checkpoint: str = "rt1-rlvr", num_envs: in
     gflops = matmul_gflops(world.device)
     prompt_tokens = 1 + world.settings.context_steps * world.step_tokens
     lm_flops = 2 * parameter_count(world.lm) * (prompt_tokens + world.frame_tokens + 1)
-    step_flops = lm_flops + frame_decode_flops(world)
+    step_flops = lm_flops + frame_flops(world)
     bound = gflops * 1e9 / step_flops
     result = {
         "checkpoint": checkpoint, "device": str(world.device), "num_envs": num_envs,
@@ -112,7 +115,7 @@ def main(out_dir: str = "runs/bench", checkpoint: str = "rt1-rlvr", num_envs: in
         + f"\n\nBatched / sequential: **{result['speedup']:.1f}x** (target >= 15x). Batched runs at "
         f"{result['batched_fraction_of_bound'] * 100:.0f}% of the compute bound: an env step costs "
         f"{step_flops / 1e9:.2f} GFLOP (prefill of the {prompt_tokens}-token window, {world.frame_tokens + 1} decoded tokens, "
-        f"the frame decoder), and this {'core' if world.device.type == 'cpu' else 'GPU'} multiplies matrices at "
+        f"the frame networks), and this {'core' if world.device.type == 'cpu' else 'GPU'} multiplies matrices at "
         f"{gflops:.0f} GFLOP/s. Batching removes the per-token "
         "Python overhead that dominates a single env; it cannot remove arithmetic, which is why the speedup on a CPU is "
         "bounded by how far the single env is from the compute bound.\n"
