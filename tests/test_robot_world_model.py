@@ -573,3 +573,21 @@ def test_a_rollout_that_feeds_back_its_frames_prompts_with_the_codes_of_what_it_
     assert np.array_equal(plain.codes, world.predict([prompt, prompt], k=2, future_actions=[actions[2:3]] * 2)[0])
     with pytest.raises(ValueError, match="a RolloutStart row per prompt"):
         world.rollout([prompt, prompt], start, k=1)
+
+
+def test_decode_rollout_in_chunks_equals_one_pass(tiny_world, monkeypatch):
+    from rlvr_gym.models import robot_world_model
+
+    root, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    torch.manual_seed(0)
+    world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
+    torch.nn.init.normal_(world.refiner.head[-1].weight, std=0.05)
+    frames, actions = (lambda e: (e.frames, e.actions))(load_episodes(root / "heldout")[0])
+    args = (world.encode(frames[1:6], frames[:1])[:, None], frames[:5], frames[:1], frames[:5], actions[:5, None])
+    whole = world.decode_rollout(*args)
+    monkeypatch.setattr(robot_world_model, "DECODE_BATCH", 2)
+    chunked = world.decode_rollout(*args)
+    assert chunked.shape == whole.shape == (5, 1, 64, 64, 3)
+    # Convolutions may round differently at another batch size: one grey level at most.
+    np.testing.assert_allclose(chunked.astype(int), whole.astype(int), atol=1, rtol=0)

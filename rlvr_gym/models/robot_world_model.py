@@ -32,6 +32,8 @@ def layout(frame_tokens: int) -> dict[str, int]:
 
 
 DEFAULT_SUCCESS_THRESHOLD = 0.5
+# Frames decoded per forward pass in decode_rollout.
+DECODE_BATCH = 256
 
 
 @dataclass
@@ -255,6 +257,11 @@ class RobotWorldModel:
         if codes.ndim != 3 or codes.shape[2] != self.frame_tokens:
             raise ValueError(f"expected codes of shape (N, k, {self.frame_tokens}), got {codes.shape}")
         n, k = codes.shape[:2]
+        if n > DECODE_BATCH:  # the decoder's activations grow with the batch: thousands of frames at once take GBs
+            part = lambda x, s: x if x is None or len(x) != n else x[s : s + DECODE_BATCH]  # noqa: E731
+            return np.concatenate([self.decode_rollout(codes[s : s + DECODE_BATCH], start[s : s + DECODE_BATCH],
+                                                       part(first, s), part(before, s), part(actions, s))
+                                   for s in range(0, n, DECODE_BATCH)])
         if self.refiner is None and self.context_frame == "first":
             context = np.repeat(np.asarray(first), k, 0) if len(first) == n else first
             return self.decode(codes.reshape(n * k, -1), context).reshape(n, k, *start.shape[1:])
