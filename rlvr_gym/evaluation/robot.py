@@ -98,9 +98,7 @@ def multi_step_prompts(world: RobotWorldModel, data: list[EpisodeTokens], k: int
 
 def rollout_start(data: list[EpisodeTokens], where: list[tuple[int, int]]) -> RolloutStart:
     """The real frames behind prompts ending at step t of episode i, for each (i, t) in `where`."""
-    frames = lambda pick: np.stack([pick(data[i].episode, t) for i, t in where])
-    return RolloutStart(frames(lambda e, t: e.frames[t]), frames(lambda e, t: e.frames[0]),
-                        frames(lambda e, t: e.frames[max(t - 1, 0)]), frames(lambda e, t: e.actions[t]))
+    return RolloutStart.of_episodes([d.episode for d in data], where)
 
 
 def predict_in_batches(world: RobotWorldModel, prompts, start: RolloutStart, k: int, future,

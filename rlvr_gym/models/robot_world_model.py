@@ -89,6 +89,14 @@ class RolloutStart:
     def rows(self, index) -> RolloutStart:
         return RolloutStart(*(np.asarray(x)[index] for x in (self.last, self.first, self.before, self.action)))
 
+    @classmethod
+    def of_episodes(cls, episodes, where) -> RolloutStart:
+        """The real frames behind prompts ending at step t of episode i (episodes with `frames` and `actions`), for
+        each (i, t) in `where`."""
+        stack = lambda pick: np.stack([pick(episodes[i], t) for i, t in where])  # noqa: E731
+        return cls(stack(lambda e, t: e.frames[t]), stack(lambda e, t: e.frames[0]),
+                   stack(lambda e, t: e.frames[max(t - 1, 0)]), stack(lambda e, t: e.actions[t]))
+
 
 @dataclass
 class Rollout:

@@ -591,9 +591,7 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
             begins = [(ex["episode"], ex["t"] - n) for ex in part]
             prompts = [world.prompt(codes[e][: b + 1], flags[e][: b + 1], episodes[e].actions[: b + 1]) for e, b in begins]
             future = [episodes[e].actions[b + 1 : b + n] for e, b in begins]
-            start = RolloutStart(*(np.stack(x) for x in zip(*[(episodes[e].frames[b], episodes[e].frames[0],
-                                 episodes[e].frames[max(b - 1, 0)], episodes[e].actions[b]) for e, b in begins])))
-            rollout = world.rollout(prompts, start, k=n, future_actions=future)
+            rollout = world.rollout(prompts, RolloutStart.of_episodes(episodes, begins), k=n, future_actions=future)
             for ex, (e, b), frames, probs in zip(part, begins, rollout.context, rollout.success):
                 history = list(codes[e][: b + 1]) + list(frames)
                 history_flags = list(flags[e][: b + 1]) + [bool(p > 0.5) for p in probs]
