@@ -15,8 +15,8 @@ from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig, w
 from rlvr_gym.models.robot_world_model import RobotWorldModel, RolloutStart, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, episode_spans, frame_pairs, mle_examples,
-    reconstruction_loss, run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner,
+    RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, draw_refiner_batch, episode_spans, frame_pairs,
+    mle_examples, reconstruction_loss, run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner,
     windows_with_moves,
 )
 from rlvr_gym.train.run import read_log
@@ -415,6 +415,34 @@ def test_object_centroids_are_read_from_the_frame_colours():
     assert R.object_reward_error(frame, empty).tolist() == [0.0], "nothing to place"
 
 
+def test_an_object_coming_out_from_under_the_gripper_counts_as_revealed():
+    table = np.full((1, 64, 64, 3), 230, np.uint8)
+    under = table.copy()
+    under[0, 21:23, 31:33] = (20, 30, 200)  # 4 blue pixels showing beside the gripper, off the can's centre
+    out = table.copy()
+    out[0, 18:23, 29:33] = (20, 30, 200)  # the whole can: 20 pixels
+    assert R.object_pixels(np.concatenate([under, out])).tolist() == [[0, 0, 4], [0, 0, 20]]
+    assert R.revealed_objects(out, under).tolist() == [[False, False, True]]
+    shifted = table.copy()
+    shifted[0, 20:25, 31:35] = (20, 30, 200)
+    assert R.moved_objects(shifted, out, min_target_pixels=R.WHOLE_OBJECT_PIXELS).tolist() == [[False, False, True]]
+    assert not R.revealed_objects(shifted, out).any(), "it moved, but it showed whole before"
+    assert not R.revealed_objects(out, table).any(), "hidden altogether before: nothing to tell where it was"
+
+
+def test_refiner_batches_hold_the_asked_share_of_moved_and_revealed_transitions_revealed_ones_predicted():
+    moved = np.zeros(1000, dtype=bool)
+    moved[:100] = True
+    revealed = np.zeros(1000, dtype=bool)
+    revealed[60:90] = True
+    config = RefinerConfig(batch_size=16, moved_fraction=0.375, revealed_fraction=0.25, real_fraction=1.0)
+    idx, use_real = draw_refiner_batch(moved, revealed, config, np.random.default_rng(0))
+    assert moved[idx[:6]].all() and revealed[idx[6:10]].all()
+    assert not use_real[6:10].any() and use_real[:6].all() and use_real[10:].all(), "revealed rows decode predictions"
+    plain, _ = draw_refiner_batch(moved, revealed, RefinerConfig(batch_size=400, moved_fraction=0.0), np.random.default_rng(0))
+    assert moved[plain].mean() < 0.2, "without fractions the batch is drawn from all transitions"
+
+
 def test_evaluation_reports_model_and_baselines(tiny_world):
     from rlvr_gym.evaluation.robot import evaluate_world_model, summary_line
 
@@ -507,6 +535,8 @@ def test_motion_refiner_trains_on_the_models_predictions_resumes_and_travels_wit
                            width=8, moved_fraction=0.0, eval_transitions=8)
     with pytest.raises(ValueError, match="--moved-fraction"):
         train_motion_refiner(RefinerConfig(**{**vars(config), "moved_fraction": 1.0}))
+    with pytest.raises(ValueError, match="--revealed-fraction"):
+        train_motion_refiner(RefinerConfig(**{**vars(config), "moved_fraction": 0.5, "revealed_fraction": 0.5}))
     out = train_motion_refiner(config)
     assert sorted(p.name for p in (root / "refiner").glob("predictions_*")) == ["predictions_0_of_1.npz"]
     evals = [row for row in read_log(root / "refiner") if "eval/psnr_refined" in row]

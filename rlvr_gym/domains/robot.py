@@ -262,6 +262,11 @@ OBJECT_MASKS = {
 }
 
 
+def object_pixels(frames: np.ndarray) -> np.ndarray:
+    """(N, 64, 64, 3) uint8 -> (N, 3 objects) the number of pixels of each object's colour."""
+    return np.stack([mask_fn(frames.astype(np.int16)).sum((1, 2)) for mask_fn in OBJECT_MASKS.values()], 1)
+
+
 def object_centroids(frames: np.ndarray, min_pixels: int = 2) -> np.ndarray:
     """(N, 64, 64, 3) uint8 -> (N, 3 objects, 2) pixel centroids (row, col), NaN where an object is not visible."""
     out = np.full((len(frames), len(OBJECT_MASKS), 2), np.nan)
@@ -285,6 +290,14 @@ def moved_objects(target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0,
     the target and shows `min_target_pixels` in the target."""
     t = object_centroids(target, min_pixels=min_target_pixels)
     return np.linalg.norm(t - object_centroids(prev), axis=-1) > min_motion  # NaN compares False: not seen in both
+
+
+def revealed_objects(target: np.ndarray, prev: np.ndarray) -> np.ndarray:
+    """(N, 3 objects) True where an object moved and shows whole in the target but not in the previous frame: it came
+    out from under the gripper. These are the objects the shipped world models lose (docs/rt1_experiments.md,
+    session 19): the transformer's codes seldom redraw them."""
+    hidden = object_pixels(prev) < WHOLE_OBJECT_PIXELS
+    return moved_objects(target, prev, min_target_pixels=WHOLE_OBJECT_PIXELS) & hidden
 
 
 def moved_object_distances(pred: np.ndarray, target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0,

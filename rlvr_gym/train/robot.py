@@ -221,6 +221,10 @@ class RefinerConfig(RUN.RunConfig):
     moved_fraction: float = 0.5
     """Fraction of each batch drawn from transitions where a whole object moves (about 10% of them as collected).
     Measured (docs/rt1_experiments.md, session 17): it took the moved objects from 2.8 px to 1.5 at step 1."""
+    revealed_fraction: float = 0.0
+    """Fraction of each batch drawn from transitions where an object comes out from under the gripper (a third of
+    the moved ones), always decoded from the transformer's predicted codes: where those do not redraw the object, the
+    refiner learns to draw it from the few pixels the last frame shows."""
     salient_weight: float = 10.0
     """Extra loss weight on saturated pixels of the target (objects, drawer front, target disc), as the tokenizer's."""
     width: int = 24
@@ -268,12 +272,31 @@ def refiner_batch(episodes: list[Episode], rows: np.ndarray, t: np.ndarray) -> t
     return pick(-1), pick(0), pick(1), np.stack([episodes[e].frames[0] for e in rows]), actions
 
 
+def draw_refiner_batch(moved: np.ndarray, revealed: np.ndarray, config: RefinerConfig,
+                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of a batch of predicted transitions (`moved_fraction` of them where a whole object moves,
+    `revealed_fraction` where one comes out from under the gripper, the rest drawn from all) and, per row, whether it
+    is decoded from the real codes (`real_fraction` of the others; never a revealed one)."""
+    idx = rng.integers(0, len(moved), config.batch_size)
+    n_moved = int(config.moved_fraction * config.batch_size)
+    n_revealed = int(config.revealed_fraction * config.batch_size)
+    if n_moved:
+        idx[:n_moved] = rng.choice(np.flatnonzero(moved), n_moved)
+    if n_revealed:
+        idx[n_moved : n_moved + n_revealed] = rng.choice(np.flatnonzero(revealed), n_revealed)
+    use_real = rng.random(len(idx)) < config.real_fraction
+    use_real[n_moved : n_moved + n_revealed] = False
+    return idx, use_real
+
+
 def train_motion_refiner(config: RefinerConfig) -> Path:
     """Train a motion refiner on a world model's own greedy predictions (and the real codes) against the real next
     frames; the transformer and the tokenizer stay as they are. Writes RUN_DIR/world_model with the refiner."""
-    if not 0 <= config.real_fraction <= 1 or not 0 <= config.moved_fraction < 1:
-        raise ValueError(f"--real-fraction must lie in [0, 1] and --moved-fraction in [0, 1), got "
-                         f"{config.real_fraction} and {config.moved_fraction}")
+    if not 0 <= config.real_fraction <= 1 or not 0 <= config.moved_fraction + config.revealed_fraction < 1 or \
+            min(config.moved_fraction, config.revealed_fraction) < 0:
+        raise ValueError(f"--real-fraction must lie in [0, 1], and --moved-fraction and --revealed-fraction be at "
+                         f"least 0 with a sum below 1, got {config.real_fraction}, {config.moved_fraction} and "
+                         f"{config.revealed_fraction}")
     d = RUN.setup_processes(config.threads)
     run_dir = Path(config.run_dir)
     world = RobotWorldModel.load(config.world_model, d.device)
@@ -295,10 +318,15 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
     parts = [np.load(run_dir / f"predictions_{r}_of_{d.world_size}.npz") for r in range(d.world_size)]
     codes, real_codes, rows, t = (np.concatenate([p[k] for p in parts]) for k in ("codes", "real", "episode", "t"))
     moves = {e: whole_object_moves(episodes[e]) for e in np.unique(rows)}
+    reveals = {e: whole_object_reveals(episodes[e]) for e in np.unique(rows)}
     moved = np.array([moves[e][s] for e, s in zip(rows, t)], dtype=bool)
-    log.info("%d predicted transitions from %d episodes, a whole object moving in %d", len(rows), len(chosen), moved.sum())
+    revealed = np.array([reveals[e][s] for e, s in zip(rows, t)], dtype=bool)
+    log.info("%d predicted transitions from %d episodes, a whole object moving in %d, coming out from under the "
+             "gripper in %d", len(rows), len(chosen), moved.sum(), revealed.sum())
     if config.moved_fraction > 0 and not moved.any():
         raise ValueError("--moved-fraction > 0, but no predicted transition moves a whole object")
+    if config.revealed_fraction > 0 and not revealed.any():
+        raise ValueError("--revealed-fraction > 0, but in no predicted transition an object comes out from under the gripper")
     if not config.model:
         init = run_dir / "init"
         if d.is_main and not (init / "config.json").is_file():
@@ -317,12 +345,8 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
     while run.running():
         started = time.perf_counter()
         rng = np.random.default_rng((config.seed, run.step, d.rank))
-        idx = rng.integers(0, len(rows), config.batch_size)
-        n_moved = int(config.moved_fraction * config.batch_size)
-        if n_moved:
-            idx[:n_moved] = rng.choice(np.flatnonzero(moved), n_moved)
+        idx, use_real = draw_refiner_batch(moved, revealed, config, rng)
         before, last, target, first, actions = refiner_batch(episodes, rows[idx], t[idx])
-        use_real = rng.random(len(idx)) < config.real_fraction
         next_codes = np.where(use_real[:, None], real_codes[idx], codes[idx])
         decoded = world.decode(next_codes, first if world.context_frame == "first" else last)
         run.model.train()
@@ -434,6 +458,12 @@ def whole_object_moves(episode: Episode) -> np.ndarray:
     """Per step t of the episode, whether a whole object moved between its real frames t and t + 1 (where the eval's
     object error has something to count)."""
     return R.moved_objects(episode.frames[1:], episode.frames[:-1], min_target_pixels=R.WHOLE_OBJECT_PIXELS).any(1)
+
+
+def whole_object_reveals(episode: Episode) -> np.ndarray:
+    """Per step t of the episode, whether an object came out from under the gripper between its real frames t and
+    t + 1 (`R.revealed_objects`)."""
+    return R.revealed_objects(episode.frames[1:], episode.frames[:-1]).any(1)
 
 
 def windows_with_moves(episode: Episode, window: int) -> np.ndarray:
