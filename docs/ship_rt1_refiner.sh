@@ -5,7 +5,8 @@
 # their prompts (`context_from_frames`, set by `train refiner` in RUN_DIR/world_model and here in the shipped ones);
 # recalibrate their success thresholds afterwards (`rlvr-gym calibrate rt1`, on each card). On the 2-core CPU:
 #   rt1-rlvr (session 17): 6 minutes predicting, 18 training (two processes, one thread each, 16 transitions each);
-#   rt1-mle (session 18): 12 minutes predicting, 34 training (one process, 32 transitions; the other core was busy).
+#   rt1-mle (session 18): 12 minutes predicting, 34 training (one process, 32 transitions; the other core was busy);
+#   then (session 19) each fine-tuned where objects come out from under the gripper: two stages of 7 minutes each.
 # Needs the shipped models' data (`rlvr-gym collect rt1 --out runs/rt1/train2 --episodes 800 --seed 1 --workers 2`
 # and `... --out runs/rt1/heldout2 --episodes 60 --seed 2 --split heldout`). A killed run continues with the same
 # command plus --resume (extra arguments go to both runs).
@@ -21,7 +22,25 @@ $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m rlvr_gym train r
     --run-dir "$RUNS/refiner" --batch-size 16 "${COMMON[@]}" "$@"
 $PY -m torch.distributed.run --standalone --nproc-per-node 1 -m rlvr_gym train refiner --world-model rt1-mle \
     --run-dir "$RUNS/refiner_mle" --batch-size 32 "${COMMON[@]}" "$@"
-$PY - "$RUNS/refiner/final" "$RUNS/refiner_mle/final" <<'PYTHON'
+# Session 19: each refiner fine-tuned where an object comes out from under the gripper (the objects both models lost),
+# always on its transformer's predicted codes; two stages of 800 steps, a quarter of each batch there, then half. One
+# process each, 16 transitions a step, 7 minutes a stage; they reuse the predictions above.
+REVEAL=(--data runs/rt1/train2 --heldout runs/rt1/heldout2 --prediction-episodes 0 --width 24 --bottleneck-blocks 1
+        --batch-size 16 --steps 800 --lr 2e-4 --warmup-steps 20 --save-every 100 --eval-every 800 --eval-transitions 256)
+for pair in "rt1-rlvr $RUNS/refiner" "rt1-mle $RUNS/refiner_mle"; do
+    read -r model base <<< "$pair"
+    mkdir -p "${base}_reveal1" "${base}_reveal2"
+    $PY -c 'import sys, glob, numpy as np
+parts = [np.load(p) for p in sorted(glob.glob(sys.argv[1] + "/predictions_*_of_*.npz"))]
+np.savez_compressed(sys.argv[2], **{k: np.concatenate([p[k] for p in parts]) for k in parts[0].files})' \
+        "$base" "${base}_reveal1/predictions_0_of_1.npz"
+    cp "${base}_reveal1/predictions_0_of_1.npz" "${base}_reveal2/"
+    $PY -m rlvr_gym train refiner --world-model "$model" --model "$base/final" --run-dir "${base}_reveal1" \
+        --moved-fraction 0.375 --revealed-fraction 0.25 "${REVEAL[@]}" "$@"
+    $PY -m rlvr_gym train refiner --world-model "$model" --model "${base}_reveal1/final" --run-dir "${base}_reveal2" \
+        --moved-fraction 0.25 --revealed-fraction 0.5 "${REVEAL[@]}" "$@"
+done
+$PY - "$RUNS/refiner_reveal2/final" "$RUNS/refiner_mle_reveal2/final" <<'PYTHON'
 import json
 import sys
 import torch
