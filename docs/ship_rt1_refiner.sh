@@ -9,7 +9,7 @@
 #   then (session 19) each fine-tuned where objects come out from under the gripper: two stages of 7 minutes each.
 # Needs the shipped models' data (`rlvr-gym collect rt1 --out runs/rt1/train2 --episodes 800 --seed 1 --workers 2`
 # and `... --out runs/rt1/heldout2 --episodes 60 --seed 2 --split heldout`). A killed run continues with the same
-# command plus --resume (extra arguments go to both runs).
+# command plus --resume (extra arguments go to every run).
 #
 #   bash docs/ship_rt1_refiner.sh
 set -eu
