@@ -138,14 +138,16 @@ def markdown(report: dict) -> str:
     gain = (mle["multi_lpips"] - rl["multi_lpips"]) / mle["multi_lpips"] * 100
 
     def change(before: float, after: float) -> str:
-        ratio = before / max(after, 1e-9)
+        if after == 0:
+            return "none left" if before > 0 else "none either"
+        ratio = before / after
         return f"{ratio:.1f}x lower" if ratio >= 1 else f"{1 / ratio:.1f}x higher"
     return (
         "# RT-1 video world model\n\n"
         f"{report['episodes']} fresh real episodes (collection seed {report['seed']}), greedy predictions unless stated.\n\n"
         "## Single step (teacher-forced history)\n\n" + markdown_table(single, digits=4) +
         f"\n\n## {h}-step rollouts (real actions spliced between generated frames)\n\n" + markdown_table(multi, digits=4) +
-        f"\n\nRLVR vs MLE: multi-step LPIPS {gain:.1f}% lower (target: >= 5% lower), repetition rate "
+        f"\n\nRLVR vs MLE: multi-step LPIPS {abs(gain):.1f}% {'lower' if gain >= 0 else 'higher'} (target: >= 5% lower), repetition rate "
         f"{mle['multi_repetition_rate']:.3f} -> {rl['multi_repetition_rate']:.3f} ({change(mle['multi_repetition_rate'], rl['multi_repetition_rate'])}; target >= 3x lower) while the "
         f"real frames repeat at {first['multi_real_repetition_rate']:.3f}; false repetition (repeating where the real frame "
         f"changed) {mle['multi_false_repetition_rate']:.3f} -> {rl['multi_false_repetition_rate']:.3f} ({change(mle['multi_false_repetition_rate'], rl['multi_false_repetition_rate'])}); "
