@@ -30,11 +30,8 @@ REVEAL=(--data runs/rt1/train2 --heldout runs/rt1/heldout2 --prediction-episodes
 for pair in "rt1-rlvr $RUNS/refiner" "rt1-mle $RUNS/refiner_mle"; do
     read -r model base <<< "$pair"
     mkdir -p "${base}_reveal1" "${base}_reveal2"
-    $PY -c 'import sys, glob, numpy as np
-parts = [np.load(p) for p in sorted(glob.glob(sys.argv[1] + "/predictions_*_of_*.npz"))]
-np.savez_compressed(sys.argv[2], **{k: np.concatenate([p[k] for p in parts]) for k in parts[0].files})' \
-        "$base" "${base}_reveal1/predictions_0_of_1.npz"
-    cp "${base}_reveal1/predictions_0_of_1.npz" "${base}_reveal2/"
+    cp "$base"/predictions_*_of_*.npz "${base}_reveal1/"
+    cp "$base"/predictions_*_of_*.npz "${base}_reveal2/"
     $PY -m rlvr_gym train refiner --world-model "$model" --model "$base/final" --run-dir "${base}_reveal1" \
         --moved-fraction 0.375 --revealed-fraction 0.25 "${REVEAL[@]}" "$@"
     $PY -m rlvr_gym train refiner --world-model "$model" --model "${base}_reveal1/final" --run-dir "${base}_reveal2" \

@@ -539,6 +539,13 @@ def test_motion_refiner_trains_on_the_models_predictions_resumes_and_travels_wit
         train_motion_refiner(RefinerConfig(**{**vars(config), "moved_fraction": 0.5, "revealed_fraction": 0.5}))
     out = train_motion_refiner(config)
     assert sorted(p.name for p in (root / "refiner").glob("predictions_*")) == ["predictions_0_of_1.npz"]
+    # A run dir holding the shards of a two-process run reuses them under one process instead of predicting again.
+    saved = dict(np.load(root / "refiner" / "predictions_0_of_1.npz"))
+    (root / "refiner_from_shards").mkdir()
+    for r in range(2):
+        np.savez(root / "refiner_from_shards" / f"predictions_{r}_of_2.npz", **{k: v[r::2] for k, v in saved.items()})
+    train_motion_refiner(RefinerConfig(**{**vars(config), "run_dir": str(root / "refiner_from_shards"), "steps": 1}))
+    assert not (root / "refiner_from_shards" / "predictions_0_of_1.npz").exists()
     evals = [row for row in read_log(root / "refiner") if "eval/psnr_refined" in row]
     assert evals and {"eval/object_error_px_copy", "eval/psnr_decoded"} <= set(evals[-1])
     resumed = train_motion_refiner(RefinerConfig(**{**vars(config), "steps": 3, "resume": True}))

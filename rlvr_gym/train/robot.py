@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -272,6 +273,17 @@ def refiner_batch(episodes: list[Episode], rows: np.ndarray, t: np.ndarray) -> t
     return pick(-1), pick(0), pick(1), np.stack([episodes[e].frames[0] for e in rows]), actions
 
 
+def saved_predictions(run_dir: Path) -> list[Path] | None:
+    """A complete set of the prediction shards `train refiner` saves (predictions_R_of_N.npz for every R < N) in
+    run_dir, whatever N the processes that wrote them numbered; the smallest N if there are several, None if none."""
+    found = [re.fullmatch(r"predictions_(\d+)_of_(\d+)\.npz", p.name) for p in run_dir.glob("predictions_*_of_*.npz")]
+    for n in sorted({int(m[2]) for m in found if m}):
+        shards = [run_dir / f"predictions_{r}_of_{n}.npz" for r in range(n)]
+        if all(shard.is_file() for shard in shards):
+            return shards
+    return None
+
+
 def draw_refiner_batch(moved: np.ndarray, revealed: np.ndarray, config: RefinerConfig,
                        rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Indices of a batch of predicted transitions (`moved_fraction` of them where a whole object moves,
@@ -292,8 +304,8 @@ def draw_refiner_batch(moved: np.ndarray, revealed: np.ndarray, config: RefinerC
 def train_motion_refiner(config: RefinerConfig) -> Path:
     """Train a motion refiner on a world model's own greedy predictions (and the real codes) against the real next
     frames; the transformer and the tokenizer stay as they are. Writes RUN_DIR/world_model with the refiner."""
-    if not 0 <= config.real_fraction <= 1 or not 0 <= config.moved_fraction + config.revealed_fraction < 1 or \
-            min(config.moved_fraction, config.revealed_fraction) < 0:
+    fractions_ok = config.moved_fraction >= 0 and config.revealed_fraction >= 0 and config.moved_fraction + config.revealed_fraction < 1
+    if not 0 <= config.real_fraction <= 1 or not fractions_ok:
         raise ValueError(f"--real-fraction must lie in [0, 1], and --moved-fraction and --revealed-fraction be at "
                          f"least 0 with a sum below 1, got {config.real_fraction}, {config.moved_fraction} and "
                          f"{config.revealed_fraction}")
@@ -305,17 +317,21 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
         world.refiner = None
     episodes = load_episodes(config.data)
     chosen = np.sort(np.random.default_rng(config.seed).permutation(len(episodes))[: config.prediction_episodes or None])
-    # Each process predicts its share of the episodes once; a resumed run reads them back.
-    part = run_dir / f"predictions_{d.rank}_of_{d.world_size}.npz"
-    if not part.is_file():
-        mine = chosen[d.rank :: d.world_size]
-        predictions = greedy_predictions(world, [episodes[i] for i in mine])
-        predictions["episode"] = mine[predictions["episode"]]
-        run_dir.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(part.with_suffix(".tmp.npz"), **predictions)
-        os.replace(part.with_suffix(".tmp.npz"), part)
+    # Each process predicts its share of the episodes once; a resumed run, or one started in a run dir holding the
+    # shards of another (under any number of processes), reads them back.
+    shards = saved_predictions(run_dir)
+    if shards is None:
+        part = run_dir / f"predictions_{d.rank}_of_{d.world_size}.npz"
+        if not part.is_file():
+            mine = chosen[d.rank :: d.world_size]
+            predictions = greedy_predictions(world, [episodes[i] for i in mine])
+            predictions["episode"] = mine[predictions["episode"]]
+            run_dir.mkdir(parents=True, exist_ok=True)
+            np.savez_compressed(part.with_suffix(".tmp.npz"), **predictions)
+            os.replace(part.with_suffix(".tmp.npz"), part)
+        shards = [run_dir / f"predictions_{r}_of_{d.world_size}.npz" for r in range(d.world_size)]
     RUN.barrier(d)
-    parts = [np.load(run_dir / f"predictions_{r}_of_{d.world_size}.npz") for r in range(d.world_size)]
+    parts = [np.load(shard) for shard in shards]
     codes, real_codes, rows, t = (np.concatenate([p[k] for p in parts]) for k in ("codes", "real", "episode", "t"))
     moves = {e: whole_object_moves(episodes[e]) for e in np.unique(rows)}
     reveals = {e: whole_object_reveals(episodes[e]) for e in np.unique(rows)}
