@@ -306,10 +306,13 @@ def test_rollout_prompts_hold_the_models_own_predictions_and_train(tiny_world):
             assert ex["prompt_ids"] == real[(ex["episode"], ex["t"])]["prompt_ids"]
     with pytest.raises(ValueError, match="--moved-prompts"):
         run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "bad"), moved_prompts=1.0))
+    with pytest.raises(ValueError, match="--revealed-prompts"):
+        run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "bad"), moved_prompts=0.5,
+                                   revealed_prompts=0.5))
     with pytest.raises(ValueError, match="--horizon 1"):
         run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "bad"), horizon=2, rollout_depth=2))
     run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "rlvr_deep"), rollout_depth=3,
-                               rollout_prompts=8, repetition_penalty=0.1, moved_prompts=0.5,
+                               rollout_prompts=8, repetition_penalty=0.1, moved_prompts=0.25, revealed_prompts=0.25,
                                grpo=GRPOConfig(steps=1, prompts_per_step=2, group_size=2, temperature=0.5, save_every=1)))
     assert "reward/false_repetition" in read_log(root / "rlvr_deep")[-1]
 
@@ -376,6 +379,11 @@ def test_prompts_where_objects_move_are_drawn_or_repeated_to_the_asked_fraction(
     assert len(set(picked)) == 40 and moved[picked].sum() == 10, "half asked, but only 10 exist: all of them"
     picked = draw_prompts(moved, 10, 0.5, rng)
     assert moved[picked].sum() == 5 and len(set(picked)) == 10
+    revealed = np.arange(100) % 20 == 0  # 5 of the 10 moved
+    picked = draw_prompts(moved, 20, 0.25, rng, revealed, 0.25)
+    assert len(set(picked)) == 20 and revealed[picked].sum() == 5 and moved[picked].sum() == 10
+    picked = draw_prompts(moved, 20, 0.0, rng, revealed, 0.1)
+    assert revealed[picked].sum() == 2 and moved[picked].sum() == 2, "no moved share asked: only the revealed ones"
     examples = [{"i": i} for i in range(100)]
     mixed = repeat_moved(examples, moved, 0.5)
     assert mixed[:100] == examples and sum(moved[ex["i"]] for ex in mixed) == 90 and len(mixed) == 180

@@ -553,6 +553,10 @@ class RT1RLVRConfig:
     """Fraction of the prompts whose real next frame moves a whole object (the eval's object error counts only
     those; about 9% of all). 0 keeps the data's own mix. With --rollout-depth > 1 the drawn prompts hold this
     fraction of them; with 1 (every transition a prompt) they are repeated until they make it."""
+    revealed_prompts: float = 0.0
+    """With --rollout-depth > 1: fraction of the prompts whose real next frame shows an object coming out from under
+    the gripper (`R.revealed_objects`; a third of the moved ones), drawn before --moved-prompts' share. Every object
+    the shipped models still lose is one of these (docs/rt1_experiments.md, session 19)."""
     seed: int = 0
     """Draws the rollout prompts."""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=5e-5, prompts_per_step=8, group_size=8, beta=0.0,
@@ -590,16 +594,29 @@ def object_moved(episodes: list[Episode], examples: list[dict]) -> np.ndarray:
     return np.array([per_episode[ex["episode"]][ex["t"]] for ex in examples], dtype=bool)
 
 
-def draw_prompts(moved: np.ndarray, count: int, moved_fraction: float, rng: np.random.Generator) -> np.ndarray:
-    """`count` indices drawn without replacement; with moved_fraction > 0 that fraction (or all there are) from the
-    `moved` ones and the rest from the others."""
+def object_revealed(episodes: list[Episode], examples: list[dict]) -> np.ndarray:
+    """Per example, whether an object came out from under the gripper between its real frames t and t + 1."""
+    per_episode = [whole_object_reveals(e) for e in episodes]
+    return np.array([per_episode[ex["episode"]][ex["t"]] for ex in examples], dtype=bool)
+
+
+def draw_prompts(moved: np.ndarray, count: int, moved_fraction: float, rng: np.random.Generator,
+                 revealed: np.ndarray | None = None, revealed_fraction: float = 0.0) -> np.ndarray:
+    """`count` indices drawn without replacement: `revealed_fraction` of them (or all there are) from the `revealed`
+    ones, then `moved_fraction` from the other `moved` ones, the rest from the others; with both 0, from all."""
     count = min(count, len(moved))
-    if moved_fraction <= 0:
+    if moved_fraction <= 0 and revealed_fraction <= 0:
         return rng.choice(len(moved), size=count, replace=False)
-    yes, no = np.flatnonzero(moved), np.flatnonzero(~moved)
-    n_yes = min(len(yes), round(count * moved_fraction))
-    n_no = min(len(no), count - n_yes)
-    return np.concatenate([rng.choice(yes, size=n_yes, replace=False), rng.choice(no, size=n_no, replace=False)])
+    revealed = np.zeros_like(moved) if revealed is None else revealed
+    free = np.ones(len(moved), dtype=bool)
+    picked = []
+    for mask, fraction in ((revealed, revealed_fraction), (moved, moved_fraction), (~moved & ~revealed, 1.0)):
+        pool = np.flatnonzero(mask & free)
+        n = min(len(pool), round(count * fraction), count - sum(map(len, picked)))
+        if n > 0:
+            picked.append(rng.choice(pool, size=n, replace=False))
+            free[picked[-1]] = False
+    return np.concatenate(picked)
 
 
 def repeat_moved(examples: list[dict], moved: np.ndarray, moved_fraction: float) -> list[dict]:
@@ -613,19 +630,22 @@ def repeat_moved(examples: list[dict], moved: np.ndarray, moved_fraction: float)
 
 def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int, count: int, seed: int = 0,
                      batch: int = 64, codes_per_episode: list[np.ndarray] | None = None,
-                     moved_fraction: float = 0.0) -> list[dict]:
+                     moved_fraction: float = 0.0, revealed_fraction: float = 0.0) -> list[dict]:
     """Single-step prompts `count` (episode, t) pairs drawn at random (`moved_fraction` of them where a whole object
-    moves, see `draw_prompts`), each d frames deep into a greedy rollout of the model (d drawn evenly from 1..depth):
+    moves, `revealed_fraction` where an object comes out from under the gripper; see `draw_prompts`), each d frames deep into a greedy rollout of the model (d drawn evenly from 1..depth):
     the frames after t-d+1 in the prompt are the model's predictions, made by `world.rollout` with the window sliding
     as in the learned env (and entering the prompt as it does there). "last_codes" is the prompt's last frame (what a repeat copies)."""
     codes = codes_per_episode or [episode_codes(world.frame_tokenizer, e) for e in episodes]
     flags = [frame_flags(e) for e in episodes]
     real = rlvr_examples(world, episodes, 1, codes)
     rng = np.random.default_rng(seed)
-    moved = object_moved(episodes, real) if moved_fraction > 0 else np.zeros(len(real), dtype=bool)
-    drawn = draw_prompts(moved, count, moved_fraction, rng)
-    if moved_fraction > 0:
-        log.info("%d prompts, %d where a whole object moves", len(drawn), moved[drawn].sum())
+    focus = moved_fraction > 0 or revealed_fraction > 0
+    moved = object_moved(episodes, real) if focus else np.zeros(len(real), dtype=bool)
+    revealed = object_revealed(episodes, real) if revealed_fraction > 0 else np.zeros(len(real), dtype=bool)
+    drawn = draw_prompts(moved, count, moved_fraction, rng, revealed, revealed_fraction)
+    if focus:
+        log.info("%d prompts, %d where a whole object moves, %d of them where one comes out from under the gripper",
+                 len(drawn), moved[drawn].sum(), revealed[drawn].sum())
     picked = [real[i] for i in drawn]
     # Frames predicted before each prompt: depth - 1, clipped at the episode's first frame.
     predicted = [min(int(d) - 1, ex["t"]) for ex, d in zip(picked, rng.integers(1, depth + 1, size=len(picked)))]
@@ -701,6 +721,11 @@ def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: in
 def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     if not 0 <= config.moved_prompts < 1:
         raise ValueError(f"--moved-prompts is a fraction in [0, 1), got {config.moved_prompts}")
+    if not 0 <= config.revealed_prompts < 1 or config.moved_prompts + config.revealed_prompts >= 1:
+        raise ValueError("--revealed-prompts is a fraction in [0, 1) whose sum with --moved-prompts stays below 1, got "
+                         f"{config.revealed_prompts} and {config.moved_prompts}")
+    if config.revealed_prompts > 0 and config.rollout_depth == 1:
+        raise ValueError("--revealed-prompts needs --rollout-depth > 1 (prompts drawn, not every transition)")
     d = RUN.setup_processes(config.grpo.threads)
     out = Path(config.out)
     world = RobotWorldModel.load(config.model, d.device)  # rolls out the prompts and decodes the rewarded frames
@@ -712,7 +737,8 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     codes = [episode_codes(world.frame_tokenizer, e) for e in episodes]
     if config.rollout_depth > 1:
         examples = rollout_examples(world, episodes, config.rollout_depth, config.rollout_prompts, config.seed,
-                                    codes_per_episode=codes, moved_fraction=config.moved_prompts)
+                                    codes_per_episode=codes, moved_fraction=config.moved_prompts,
+                                    revealed_fraction=config.revealed_prompts)
     else:
         examples = rlvr_examples(world, episodes, config.horizon, codes)
         if config.moved_prompts > 0:
