@@ -527,7 +527,8 @@ class RT1RLVRConfig:
     data: str = "runs/rt1/train"
     """Episodes whose real next frames score the rollouts."""
     model: str = "runs/rt1/mle/world_model"
-    """The MLE world model (a directory or shipped name)."""
+    """The MLE world model (a directory or shipped name). Its motion refiner, if it has one, refines the frames the
+    reward scores and those the prompts are rolled out through (as in the learned env), and stays in OUT/world_model."""
     out: str = "runs/rt1/rlvr"
     """Run directory; the world model is written to OUT/world_model."""
     horizon: int = 1
@@ -556,8 +557,8 @@ class RT1RLVRConfig:
     revealed_prompts: float = 0.0
     """With --rollout-depth > 1: fraction of the prompts whose real next frame shows an object coming out from under
     the gripper (`R.revealed_objects`; a third of the moved ones), drawn before --moved-prompts' share. Every object
-    the shipped models still lose is one of these (docs/rt1_experiments.md, session 19); measured (session 20), a
-    quarter of them did not place objects better at step 5 than rt1-mle."""
+    the shipped models still lose is one of these (docs/rt1_experiments.md, session 19). Measured (session 20): 0.25
+    of them, with 0.25 moved, did not place moved objects better at step 5 than rt1-mle."""
     seed: int = 0
     """Draws the rollout prompts."""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=5e-5, prompts_per_step=8, group_size=8, beta=0.0,
@@ -633,9 +634,10 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
                      batch: int = 64, codes_per_episode: list[np.ndarray] | None = None,
                      moved_fraction: float = 0.0, revealed_fraction: float = 0.0) -> list[dict]:
     """Single-step prompts `count` (episode, t) pairs drawn at random (`moved_fraction` of them where a whole object
-    moves, `revealed_fraction` where an object comes out from under the gripper; see `draw_prompts`), each d frames deep into a greedy rollout of the model (d drawn evenly from 1..depth):
-    the frames after t-d+1 in the prompt are the model's predictions, made by `world.rollout` with the window sliding
-    as in the learned env (and entering the prompt as it does there). "last_codes" is the prompt's last frame (what a repeat copies)."""
+    moves, `revealed_fraction` where an object comes out from under the gripper; see `draw_prompts`), each d frames
+    deep into a greedy rollout of the model (d drawn evenly from 1..depth): the frames after t-d+1 in the prompt are
+    the model's predictions, made by `world.rollout` with the window sliding as in the learned env (and entering the
+    prompt as it does there). "last_codes" is the prompt's last frame (what a repeat copies)."""
     codes = codes_per_episode or [episode_codes(world.frame_tokenizer, e) for e in episodes]
     flags = [frame_flags(e) for e in episodes]
     real = rlvr_examples(world, episodes, 1, codes)
