@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -590,15 +591,10 @@ def rlvr_examples(world: RobotWorldModel, episodes: list[Episode], horizon: int,
     return out
 
 
-def object_moved(episodes: list[Episode], examples: list[dict]) -> np.ndarray:
-    """Per example, whether a whole object moved between its real frames t and t + 1 (`whole_object_moves`)."""
-    per_episode = [whole_object_moves(e) for e in episodes]
-    return np.array([per_episode[ex["episode"]][ex["t"]] for ex in examples], dtype=bool)
-
-
-def object_revealed(episodes: list[Episode], examples: list[dict]) -> np.ndarray:
-    """Per example, whether an object came out from under the gripper between its real frames t and t + 1."""
-    per_episode = [whole_object_reveals(e) for e in episodes]
+def example_flags(episodes: list[Episode], examples: list[dict],
+                  per_step: Callable[[Episode], np.ndarray]) -> np.ndarray:
+    """Per example, the flag that `per_step` (`whole_object_moves`, `whole_object_reveals`) gives its episode's step t."""
+    per_episode = [per_step(e) for e in episodes]
     return np.array([per_episode[ex["episode"]][ex["t"]] for ex in examples], dtype=bool)
 
 
@@ -643,8 +639,9 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
     real = rlvr_examples(world, episodes, 1, codes)
     rng = np.random.default_rng(seed)
     focus = moved_fraction > 0 or revealed_fraction > 0
-    moved = object_moved(episodes, real) if focus else np.zeros(len(real), dtype=bool)
-    revealed = object_revealed(episodes, real) if revealed_fraction > 0 else np.zeros(len(real), dtype=bool)
+    none = np.zeros(len(real), dtype=bool)
+    moved = example_flags(episodes, real, whole_object_moves) if focus else none
+    revealed = example_flags(episodes, real, whole_object_reveals) if revealed_fraction > 0 else none
     drawn = draw_prompts(moved, count, moved_fraction, rng, revealed, revealed_fraction)
     if focus:
         log.info("%d prompts, %d where a whole object moves, %d of them where one comes out from under the gripper",
@@ -745,7 +742,7 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     else:
         examples = rlvr_examples(world, episodes, config.horizon, codes)
         if config.moved_prompts > 0:
-            moved = object_moved(episodes, examples)
+            moved = example_flags(episodes, examples, whole_object_moves)
             still = int((~moved).sum())
             examples = repeat_moved(examples, moved, config.moved_prompts)
             log.info("%d prompts, %d where a whole object moves", len(examples), len(examples) - still)
