@@ -496,6 +496,7 @@ def run_rt1_mle(config: RT1MLEConfig) -> Path:
     out = Path(config.out)
     frame_tokenizer = load_frame_tokenizer(config.tokenizer)
     init = Path(config.sft.model) if config.sft.model else out / "init"
+    sft = RUN.set_by_command(config.sft, "sft", run_dir=str(out), model=str(init))
     if d.is_main and not config.sft.model and not (init / "config.json").is_file():
         torch.manual_seed(config.sft.seed)
         build_llama(R.VOCAB_SIZE, config.size).save_pretrained(init)
@@ -510,7 +511,6 @@ def run_rt1_mle(config: RT1MLEConfig) -> Path:
         log.info("%d training windows after repeating; a whole object moves in %.0f%% of the collected ones",
                  len(examples), 100 * moved.mean())
     held = [ex for e in held_episodes for ex in mle_examples(episode_codes(frame_tokenizer, e), e, config.window)]
-    sft = SFTConfig(**{**vars(config.sft), "run_dir": str(out), "model": str(init)})
     lm_dir = train_sft(sft, examples, eval_examples=held)
     if d.is_main:
         world_dir = RobotWorldModel(load_model(lm_dir)[0], frame_tokenizer, WorldModelSettings(config.context_steps)).save(out / "world_model")
@@ -730,6 +730,8 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     out = Path(config.out)
     world = RobotWorldModel.load(config.model, d.device)  # rolls out the prompts and decodes the rewarded frames
     lm_dir = RobotWorldModel.resolve(config.model) / "lm"
+    grpo = RUN.set_by_command(config.grpo, "grpo", run_dir=str(out), model=str(lm_dir),
+                              max_new_tokens=R.rollout_length(config.horizon, world.frame_tokens))
     if config.rollout_depth > 1 and (config.horizon != 1 or world.context_frame != "first"):
         raise ValueError("--rollout-depth > 1 needs --horizon 1 and a frame tokenizer conditioned on the first frame "
                          "(pass --rollout-depth 1 for multi-frame rollouts from real history)")
@@ -746,8 +748,6 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
             still = int((~moved).sum())
             examples = repeat_moved(examples, moved, config.moved_prompts)
             log.info("%d prompts, %d where a whole object moves", len(examples), len(examples) - still)
-    grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(out), "model": str(lm_dir),
-                         "max_new_tokens": R.rollout_length(config.horizon, world.frame_tokens)})
     reward = frame_reward_fn(world, episodes, config.horizon, config.object_weight, config.repetition_penalty, codes)
     final = train_grpo(grpo, reward, examples, decode=None, allowed_tokens=R.rollout_allowed_tokens(config.horizon, world.frame_tokens))
     if d.is_main:

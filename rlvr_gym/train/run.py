@@ -73,6 +73,21 @@ RESUMABLE_CHANGES = {"resume", "steps", "save_every", "keep_checkpoints", "log_e
                      "max_minutes"}
 
 
+def set_by_command(nested: RunConfig, flag: str, **values):
+    """`nested` (a pipeline's --sft or --grpo settings) with the fields the pipeline sets from its own options.
+
+    Those fields still appear on the command line as --FLAG.NAME; one given there would be dropped without a word
+    (a run written somewhere else, a --FLAG.resume that starts over), so it is refused, naming the value used.
+    """
+    defaults = type(nested)()
+    for name, value in values.items():
+        given = getattr(nested, name)
+        if given != getattr(defaults, name) and given != value:
+            raise ValueError(f"--{flag}.{name.replace('_', '-')} is set by this command from its own options (here to "
+                             f"{value!r}); got {given!r}: use the command's own option (see --help)")
+    return dataclasses.replace(nested, **values)
+
+
 # ---------------------------------------------------------------------------------------------------- processes
 
 

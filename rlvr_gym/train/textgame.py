@@ -43,7 +43,7 @@ from rlvr_gym.domains.textgame import (
 from rlvr_gym.evaluation.textgame import accuracy, encode_prompts, load_tokenizer, subsample
 from rlvr_gym.models.lm import LlamaSize, build_llama, parameter_count
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
-from rlvr_gym.train.run import atomic_write_text, barrier, record_config, setup_processes
+from rlvr_gym.train.run import atomic_write_text, barrier, record_config, set_by_command, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ def run_textgame_sft(config: TextGameSFTConfig) -> Path:
     held_out, eval_fn = held_out_evaluation(
         config.eval_data, tokenizer, config, config.sft.eval_examples, config.max_target_tokens
     )
-    sft = SFTConfig(**{**vars(config.sft), "run_dir": str(root), "model": str(model_dir), "resume": config.resume})
+    sft = set_by_command(config.sft, "sft", run_dir=str(root), model=str(model_dir), resume=config.resume)
     return train_sft(sft, examples, held_out, eval_fn)
 
 
@@ -343,7 +343,7 @@ def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
     # The trainer hands every column but prompt_ids to the reward: keep the two states it reads.
     examples = [{"prompt_ids": e["prompt_ids"], "current": e["current"], "next": e["next"]} for e in examples]
     _, eval_fn = held_out_evaluation(config.eval_data, tokenizer, config, 0, config.grpo.max_new_tokens)
-    grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(root), "model": config.model, "resume": config.resume})
+    grpo = set_by_command(config.grpo, "grpo", run_dir=str(root), model=config.model, resume=config.resume)
     return train_grpo(grpo, REWARDS[config.reward], examples, eval_fn)
 
 

@@ -75,7 +75,7 @@ from rlvr_gym.evaluation.web import (
 )
 from rlvr_gym.models.lm import LlamaSize, build_llama, context_of, extend_context, parameter_count
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
-from rlvr_gym.train.run import atomic_write_text, barrier, record_config, setup_processes
+from rlvr_gym.train.run import atomic_write_text, barrier, record_config, set_by_command, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
 from rlvr_gym.train.textgame import SPECIAL_TOKENS, length_stats
 
@@ -606,7 +606,7 @@ def run_web_sft(config: WebSFTConfig) -> Path:
     seen_tasks = sorted({task for _, manifest in manifests for task in manifest["tasks"]})
     eval_fn = held_out_evaluation(held_out, tokenizer, seen_tasks, config.eval_predict_examples, config.seed,
                                   config.eval_batch_size, config.max_target_tokens)  # fmt: skip
-    sft = SFTConfig(**{**vars(config.sft), "run_dir": str(root), "model": str(model_dir), "resume": config.resume})
+    sft = set_by_command(config.sft, "sft", run_dir=str(root), model=str(model_dir), resume=config.resume)
     final = train_sft(sft, examples, loss_examples, eval_fn)
     if d.is_main:
         write_training_record(final, manifests)
@@ -666,7 +666,7 @@ def run_web_rlvr(config: WebRLVRConfig) -> Path:
     seen_tasks = sorted(seen_tasks | set((base or {}).get("tasks", [])))
     eval_fn = held_out_evaluation(held_out, tokenizer, seen_tasks, config.eval_predict_examples, config.seed,
                                   config.eval_batch_size, config.grpo.max_new_tokens)  # fmt: skip
-    grpo = GRPOConfig(**{**vars(config.grpo), "run_dir": str(root), "model": config.model, "resume": config.resume})
+    grpo = set_by_command(config.grpo, "grpo", run_dir=str(root), model=config.model, resume=config.resume)
     final = train_grpo(grpo, web_reward, examples, eval_fn)
     if d.is_main:
         write_training_record(final, manifests, base)
