@@ -496,7 +496,7 @@ def run_rt1_mle(config: RT1MLEConfig) -> Path:
     out = Path(config.out)
     frame_tokenizer = load_frame_tokenizer(config.tokenizer)
     init = Path(config.sft.model) if config.sft.model else out / "init"
-    sft = RUN.set_by_command(config.sft, "sft", run_dir=str(out), model=str(init))
+    sft = RUN.set_by_command(config.sft, "sft", run_dir=str(out), model=config.sft.model or str(init))
     if d.is_main and not config.sft.model and not (init / "config.json").is_file():
         torch.manual_seed(config.sft.seed)
         build_llama(R.VOCAB_SIZE, config.size).save_pretrained(init)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -73,7 +74,10 @@ RESUMABLE_CHANGES = {"resume", "steps", "save_every", "keep_checkpoints", "log_e
                      "max_minutes"}
 
 
-def set_by_command(nested: RunConfig, flag: str, **values):
+Nested = TypeVar("Nested", bound=RunConfig)
+
+
+def set_by_command(nested: Nested, flag: str, **values) -> Nested:
     """`nested` (a pipeline's --sft or --grpo settings) with the fields the pipeline sets from its own options.
 
     Those fields still appear on the command line as --FLAG.NAME; one given there would be dropped without a word
