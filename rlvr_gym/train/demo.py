@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
 from rlvr_gym.models.sampler import SamplingConfig, sample
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
-from rlvr_gym.train.run import barrier, set_by_command, setup_processes
+from rlvr_gym.train.run import barrier, final_dir, set_by_command, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
 
 log = logging.getLogger("rlvr_gym")
@@ -131,9 +131,9 @@ def run_demo(config: DemoConfig) -> dict:
         return {"exact_match": exact_match(model, tokenizer, held_out)}
 
     sft = set_by_command(config.sft, "sft", run_dir=str(root / "sft"), model=str(init), resume=config.resume)
-    # GRPO starts from the SFT run's final/; its settings are checked here, before SFT spends its minutes.
-    sft_final = root / "sft" / "final"
-    grpo = set_by_command(config.grpo, "grpo", run_dir=str(root / "grpo"), model=str(sft_final), resume=config.resume)
+    # GRPO starts from the SFT run's final model; its settings are checked here, before SFT spends its minutes.
+    grpo = set_by_command(config.grpo, "grpo", run_dir=str(root / "grpo"), model=str(final_dir(sft.run_dir)),
+                          resume=config.resume)
     sft_model_dir = train_sft(sft, train, eval_examples=held_out, eval_fn=accuracy)
     grpo_model_dir = train_grpo(grpo, sorted_digits_reward, train, eval_fn=accuracy)
     before = accuracy(load_model(sft_model_dir)[0].eval())["exact_match"]

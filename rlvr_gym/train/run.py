@@ -310,8 +310,13 @@ def make_optimizer(model: torch.nn.Module, config: RunConfig):
     return optimizer, scheduler
 
 
+def final_dir(run_dir: str | os.PathLike) -> Path:
+    """Where a run's trained model lands (what `train_sft` and `train_grpo` return)."""
+    return Path(run_dir) / "final"
+
+
 def save_final(run_dir: Path, model: torch.nn.Module, tokenizer) -> Path:
-    final = Path(run_dir) / "final"
+    final = final_dir(run_dir)
     tmp = Path(run_dir) / ".tmp_final"
     shutil.rmtree(tmp, ignore_errors=True)
     unwrap(model).save_pretrained(tmp, safe_serialization=True)
@@ -402,7 +407,7 @@ class Run:
     def finish(self) -> Path:
         """Save the final model (run_dir/final) and close the logs; returns the final model's directory."""
         self.bar.close()
-        final = self.run_dir / "final"
+        final = final_dir(self.run_dir)
         if self.d.is_main:
             final = save_final(self.run_dir, self.model, self.tokenizer)
         barrier(self.d)
