@@ -15,9 +15,9 @@ from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig, w
 from rlvr_gym.models.robot_world_model import RobotWorldModel, RolloutStart, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, draw_refiner_batch, episode_spans, frame_pairs,
-    mle_examples, reconstruction_loss, run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner,
-    windows_with_moves,
+    RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, draw_refiner_batch, episode_codes, episode_spans,
+    frame_flags, frame_pairs, mle_examples, reconstruction_loss, rollout_starts, rollout_transitions, run_rt1_mle,
+    run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner, windows_with_moves,
 )
 from rlvr_gym.train.run import read_log
 from rlvr_gym.train.sft import SFTConfig
@@ -585,6 +585,44 @@ def test_motion_refiner_trains_on_the_models_predictions_resumes_and_travels_wit
     (copy / "motion_refiner" / "model.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(CheckpointError, match="motion refiner"):
         RobotWorldModel.load(copy)
+
+
+def test_refiner_learns_on_its_own_rollout_frames_refined_from_the_frames_shown_before_them(tiny_world, tmp_path):
+    root, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    torch.manual_seed(0)
+    world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
+    torch.nn.init.normal_(world.refiner.head[-1].weight, std=0.05)
+    world.settings.context_from_frames = True
+    refined_dir = world.save(tmp_path / "refined")
+    episodes = load_episodes(root / "train")
+    starts = rollout_starts(episodes, depth=3, count=5, seed=0)
+    assert len(starts) == 5 and all(b + 3 <= len(episodes[e].actions) for e, b in starts)
+    got = rollout_transitions(world, episodes, starts, depth=3)
+    assert got["t"].tolist() == [b + j for j in (1, 2) for _, b in starts], "frames 2 and 3 of each rollout"
+    # The first start's rollout, run as the env runs it: frames 2 and 3 with the frames shown before each.
+    (e, b), rows = starts[0], np.flatnonzero(got["episode"] == starts[0][0])
+    prompt = world.prompt(episode_codes(world.frame_tokenizer, episodes[e])[: b + 1], frame_flags(episodes[e])[: b + 1],
+                          episodes[e].actions[: b + 1])
+    rollout = world.rollout([prompt], RolloutStart.of_episodes(episodes, [(e, b)]), k=3,
+                            future_actions=[episodes[e].actions[b + 1 : b + 3]])
+    first, second = rows[got["t"][rows] == b + 1][0], rows[got["t"][rows] == b + 2][0]
+    assert np.array_equal(got["before"][first], episodes[e].frames[b]) and np.array_equal(got["last"][first], rollout.frames[0, 0])
+    assert np.array_equal(got["before"][second], rollout.frames[0, 0]) and np.array_equal(got["last"][second], rollout.frames[0, 1])
+    assert np.array_equal(got["codes"][second], rollout.codes[0, 2])
+
+    config = RefinerConfig(run_dir=str(tmp_path / "run"), world_model=str(refined_dir), data=str(root / "train"),
+                           model=str(refined_dir / "motion_refiner"), prediction_episodes=2, steps=2, batch_size=4,
+                           width=8, moved_fraction=0.0, rollout_depth=3, rollout_starts=5, rollout_fraction=0.5)
+    with pytest.raises(ValueError, match="--rollout-depth 2 or more"):
+        train_motion_refiner(RefinerConfig(**{**vars(config), "rollout_depth": 1}))
+    with pytest.raises(ValueError, match="--rollout-fraction"):
+        train_motion_refiner(RefinerConfig(**{**vars(config), "moved_fraction": 0.5}))
+    out = train_motion_refiner(config)
+    saved = np.load(tmp_path / "run" / "rollouts_0_of_1.npz")
+    assert np.array_equal(saved["last"], got["last"]), "the rollouts of the world model's own refiner, saved once"
+    learned = RobotWorldModel.load(out).refiner.state_dict()
+    assert any(not torch.equal(v, world.refiner.state_dict()[k]) for k, v in learned.items()), "fine-tuned"
 
 
 def test_a_rollout_that_feeds_back_its_frames_prompts_with_the_codes_of_what_it_shows(tiny_world):

@@ -239,6 +239,15 @@ class RefinerConfig(RUN.RunConfig):
     context_from_frames: bool = True
     """Whether RUN_DIR/world_model feeds the frames it shows back into its prompts (WorldModelSettings). Measured
     (docs/rt1_experiments.md, session 18): with the refiner it keeps objects the codes alone drop in rollouts."""
+    rollout_depth: int = 1
+    """With d > 1, the refiner also learns on the frames it is given in multi-step rollouts: `rollout_starts` greedy
+    d-frame rollouts of the world model (with its own refiner, the window sliding as in the env) are run once and
+    saved in RUN_DIR, and their frames 2..d, each refined from the two frames shown before it, make
+    `rollout_fraction` of each batch. On the single-step transitions alone the refiner only ever sees real frames."""
+    rollout_starts: int = 1024
+    """Rollouts run for `rollout_depth` > 1, half of them from steps where a whole object moves within the rollout."""
+    rollout_fraction: float = 0.0
+    """Fraction of each batch drawn from the rollout transitions (`rollout_depth`), before the other fractions."""
 
 
 def greedy_predictions(world: RobotWorldModel, episodes: list[Episode], where: list[tuple[int, int]] | None = None,
@@ -274,23 +283,86 @@ def refiner_batch(episodes: list[Episode], rows: np.ndarray, t: np.ndarray) -> t
     return pick(-1), pick(0), pick(1), np.stack([episodes[e].frames[0] for e in rows]), actions
 
 
-def saved_predictions(run_dir: Path) -> list[Path] | None:
-    """A complete set of the prediction shards `train refiner` saves (predictions_R_of_N.npz for every R < N) in
-    run_dir, whatever N the processes that wrote them numbered; the smallest N if there are several, None if none."""
-    found = [re.fullmatch(r"predictions_(\d+)_of_(\d+)\.npz", p.name) for p in run_dir.glob("predictions_*_of_*.npz")]
+def saved_predictions(run_dir: Path, kind: str = "predictions") -> list[Path] | None:
+    """A complete set of the shards `train refiner` saves (KIND_R_of_N.npz for every R < N; kind "predictions" or
+    "rollouts") in run_dir, whatever N the processes that wrote them numbered; the smallest N if there are several,
+    None if none."""
+    found = [re.fullmatch(rf"{kind}_(\d+)_of_(\d+)\.npz", p.name) for p in run_dir.glob(f"{kind}_*_of_*.npz")]
     for n in sorted({int(m[2]) for m in found if m}):
-        shards = [run_dir / f"predictions_{r}_of_{n}.npz" for r in range(n)]
+        shards = [run_dir / f"{kind}_{r}_of_{n}.npz" for r in range(n)]
         if all(shard.is_file() for shard in shards):
             return shards
     return None
 
 
-def draw_refiner_batch(moved: np.ndarray, revealed: np.ndarray, config: RefinerConfig,
-                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Indices of a batch of predicted transitions (`moved_fraction` of them where a whole object moves,
-    `revealed_fraction` where one comes out from under the gripper, the rest drawn from all) and, per row, whether it
-    is decoded from the real codes (`real_fraction` of the others; never a revealed one)."""
-    idx = rng.integers(0, len(moved), config.batch_size)
+def predict_once(run_dir: Path, kind: str, d: RUN.Dist,
+                 predict: Callable[[int, int], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """`predict(rank, world_size)`'s arrays from every process, concatenated: each process computes its share once
+    and saves it in run_dir (KIND_R_of_N.npz), so a resumed run, or one started in a run dir holding the shards of
+    another (under any number of processes), reads them back."""
+    shards = saved_predictions(run_dir, kind)
+    if shards is None:
+        part = run_dir / f"{kind}_{d.rank}_of_{d.world_size}.npz"
+        if not part.is_file():
+            arrays = predict(d.rank, d.world_size)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            np.savez_compressed(part.with_suffix(".tmp.npz"), **arrays)
+            os.replace(part.with_suffix(".tmp.npz"), part)
+        shards = [run_dir / f"{kind}_{r}_of_{d.world_size}.npz" for r in range(d.world_size)]
+    RUN.barrier(d)
+    parts = [np.load(shard) for shard in shards]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0].files}
+
+
+def rollout_transitions(world: RobotWorldModel, episodes: list[Episode], starts: list[tuple[int, int]], depth: int,
+                        batch: int = 64) -> dict[str, np.ndarray]:
+    """Frames 2..depth of greedy `depth`-frame rollouts from each (episode, b) in `starts` (the world model as the
+    env runs it: its refiner, its prompts): per frame, the generated "codes", the frames shown "before" and "last"
+    it, and the "episode" and step "t" whose real next frame it predicts (frame t + 1, after action t). Rows whose
+    codes did not parse are left out."""
+    out: dict[str, list] = {"codes": [], "before": [], "last": [], "episode": [], "t": []}
+    codes = {e: episode_codes(world.frame_tokenizer, episodes[e]) for e in sorted({e for e, _ in starts})}
+    flags = {e: frame_flags(episodes[e]) for e in codes}
+    for s in range(0, len(starts), batch):
+        part = starts[s : s + batch]
+        prompts = [world.prompt(codes[e][: b + 1], flags[e][: b + 1], episodes[e].actions[: b + 1]) for e, b in part]
+        future = [episodes[e].actions[b + 1 : b + depth] for e, b in part]
+        start = RolloutStart.of_episodes(episodes, part)
+        rollout = world.rollout(prompts, start, k=depth, future_actions=future)
+        shown = np.concatenate([start.before[:, None], start.last[:, None], rollout.frames], 1)
+        for j in range(1, depth):
+            ok = (rollout.codes[:, j] >= 0).all(1)
+            out["codes"].append(rollout.codes[ok, j])
+            out["before"].append(shown[ok, j])
+            out["last"].append(shown[ok, j + 1])
+            out["episode"].append(np.array([e for e, _ in part])[ok])
+            out["t"].append(np.array([b + j for _, b in part])[ok])
+    if not starts:
+        frame = episodes[0].frames.shape[1:]
+        return {"codes": np.zeros((0, world.frame_tokens), np.int64), "before": np.zeros((0, *frame), np.uint8),
+                "last": np.zeros((0, *frame), np.uint8), "episode": np.zeros(0, np.int64), "t": np.zeros(0, np.int64)}
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def rollout_starts(episodes: list[Episode], depth: int, count: int, seed: int) -> list[tuple[int, int]]:
+    """`count` (episode, b) rollout starts with `depth` real frames after b, half of them (or all there are) where a
+    whole object moves within the rollout."""
+    where, moving = [], []
+    for e, episode in enumerate(episodes):
+        moves = whole_object_moves(episode)
+        for b in range(len(episode.actions) - depth + 1):
+            where.append((e, b))
+            moving.append(bool(moves[b : b + depth].any()))
+    picked = draw_prompts(np.array(moving, dtype=bool), count, 0.5, np.random.default_rng(seed))
+    return [where[i] for i in sorted(picked)]
+
+
+def draw_refiner_batch(moved: np.ndarray, revealed: np.ndarray, config: RefinerConfig, rng: np.random.Generator,
+                       size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of `size` (default: a batch) predicted transitions (`moved_fraction` of a batch where a whole object
+    moves, `revealed_fraction` where one comes out from under the gripper, the rest drawn from all) and, per row,
+    whether it is decoded from the real codes (`real_fraction` of the others; never a revealed one)."""
+    idx = rng.integers(0, len(moved), config.batch_size if size is None else size)
     n_moved = int(config.moved_fraction * config.batch_size)
     n_revealed = int(config.revealed_fraction * config.batch_size)
     if n_moved:
@@ -305,35 +377,39 @@ def draw_refiner_batch(moved: np.ndarray, revealed: np.ndarray, config: RefinerC
 def train_motion_refiner(config: RefinerConfig) -> Path:
     """Train a motion refiner on a world model's own greedy predictions (and the real codes) against the real next
     frames; the transformer and the tokenizer stay as they are. Writes RUN_DIR/world_model with the refiner."""
-    fractions_ok = config.moved_fraction >= 0 and config.revealed_fraction >= 0 and config.moved_fraction + config.revealed_fraction < 1
-    if not 0 <= config.real_fraction <= 1 or not fractions_ok:
-        raise ValueError(f"--real-fraction must lie in [0, 1], and --moved-fraction and --revealed-fraction be at "
-                         f"least 0 with a sum below 1, got {config.real_fraction}, {config.moved_fraction} and "
-                         f"{config.revealed_fraction}")
+    shares = (config.moved_fraction, config.revealed_fraction, config.rollout_fraction)
+    if not 0 <= config.real_fraction <= 1 or min(shares) < 0 or sum(shares) >= 1:
+        raise ValueError(f"--real-fraction must lie in [0, 1], and --moved-fraction, --revealed-fraction and "
+                         f"--rollout-fraction be at least 0 with a sum below 1, got {config.real_fraction}, "
+                         f"{config.moved_fraction}, {config.revealed_fraction} and {config.rollout_fraction}")
+    if config.rollout_fraction > 0 and config.rollout_depth < 2:
+        raise ValueError(f"--rollout-fraction {config.rollout_fraction} needs --rollout-depth 2 or more (rollout "
+                         f"frames 2..depth are what it draws), got {config.rollout_depth}")
     d = RUN.setup_processes(config.threads)
     run_dir = Path(config.run_dir)
     world = RobotWorldModel.load(config.world_model, d.device)
+    episodes = load_episodes(config.data)
+    rollouts = None
+    if config.rollout_depth > 1:
+        starts = rollout_starts(episodes, config.rollout_depth, config.rollout_starts, config.seed)
+        rollouts = predict_once(run_dir, "rollouts", d, lambda rank, size: rollout_transitions(
+            world, episodes, starts[rank::size], config.rollout_depth))
+        log.info("%d rollout transitions (frames 2..%d of %d rollouts)", len(rollouts["t"]), config.rollout_depth, len(starts))
+        if not len(rollouts["t"]):
+            raise ValueError("--rollout-depth > 1, but no rollout could be run (episodes shorter than the depth?)")
     if world.refiner is not None:
         log.info("%s already has a motion refiner; training a new one in its place", config.world_model)
         world.refiner = None
-    episodes = load_episodes(config.data)
     chosen = np.sort(np.random.default_rng(config.seed).permutation(len(episodes))[: config.prediction_episodes or None])
-    # Each process predicts its share of the episodes once; a resumed run, or one started in a run dir holding the
-    # shards of another (under any number of processes), reads them back.
-    shards = saved_predictions(run_dir)
-    if shards is None:
-        part = run_dir / f"predictions_{d.rank}_of_{d.world_size}.npz"
-        if not part.is_file():
-            mine = chosen[d.rank :: d.world_size]
-            predictions = greedy_predictions(world, [episodes[i] for i in mine])
-            predictions["episode"] = mine[predictions["episode"]]
-            run_dir.mkdir(parents=True, exist_ok=True)
-            np.savez_compressed(part.with_suffix(".tmp.npz"), **predictions)
-            os.replace(part.with_suffix(".tmp.npz"), part)
-        shards = [run_dir / f"predictions_{r}_of_{d.world_size}.npz" for r in range(d.world_size)]
-    RUN.barrier(d)
-    parts = [np.load(shard) for shard in shards]
-    codes, real_codes, rows, t = (np.concatenate([p[k] for p in parts]) for k in ("codes", "real", "episode", "t"))
+
+    def predict(rank: int, size: int) -> dict[str, np.ndarray]:
+        mine = chosen[rank::size]
+        predictions = greedy_predictions(world, [episodes[i] for i in mine])
+        predictions["episode"] = mine[predictions["episode"]]
+        return predictions
+
+    predictions = predict_once(run_dir, "predictions", d, predict)
+    codes, real_codes, rows, t = (predictions[k] for k in ("codes", "real", "episode", "t"))
     moves = {e: whole_object_moves(episodes[e]) for e in np.unique(rows)}
     reveals = {e: whole_object_reveals(episodes[e]) for e in np.unique(rows)}
     moved = np.array([moves[e][s] for e, s in zip(rows, t)], dtype=bool)
@@ -362,9 +438,16 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
     while run.running():
         started = time.perf_counter()
         rng = np.random.default_rng((config.seed, run.step, d.rank))
-        idx, use_real = draw_refiner_batch(moved, revealed, config, rng)
+        n_rollout = int(config.rollout_fraction * config.batch_size) if rollouts is not None else 0
+        idx, use_real = draw_refiner_batch(moved, revealed, config, rng, config.batch_size - n_rollout)
         before, last, target, first, actions = refiner_batch(episodes, rows[idx], t[idx])
         next_codes = np.where(use_real[:, None], real_codes[idx], codes[idx])
+        if n_rollout:  # rollout frames: refined from the frames shown before them, not the real ones
+            pick = rng.integers(0, len(rollouts["t"]), n_rollout)
+            _, _, r_target, r_first, r_actions = refiner_batch(episodes, rollouts["episode"][pick], rollouts["t"][pick])
+            before, last, target, first, actions, next_codes = (np.concatenate(pair) for pair in (
+                (before, rollouts["before"][pick]), (last, rollouts["last"][pick]), (target, r_target),
+                (first, r_first), (actions, r_actions), (next_codes, rollouts["codes"][pick])))
         decoded = world.decode(next_codes, first if world.context_frame == "first" else last)
         run.model.train()
         refined = run.ddp_model(to_float(before), to_float(last), to_float(decoded), torch.as_tensor(actions).to(d.device))
@@ -372,7 +455,7 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
         loss.backward()
         grad_norm = run.optimizer_step()
         metrics = {"train/loss": loss.item(), "train/grad_norm": grad_norm,
-                   "time/transitions_per_s": len(idx) / (time.perf_counter() - started)}
+                   "time/transitions_per_s": len(target) / (time.perf_counter() - started)}
         run.end_step(metrics, evaluate if held is not None else None, postfix=["train/loss"])
     final = run.finish()
     if d.is_main:
