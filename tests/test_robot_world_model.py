@@ -614,8 +614,9 @@ def test_refiner_learns_on_its_own_rollout_frames_refined_from_the_frames_shown_
     config = RefinerConfig(run_dir=str(tmp_path / "run"), world_model=str(refined_dir), data=str(root / "train"),
                            model=str(refined_dir / "motion_refiner"), prediction_episodes=2, steps=2, batch_size=4,
                            width=8, moved_fraction=0.0, rollout_depth=3, rollout_starts=5, rollout_fraction=0.5)
-    with pytest.raises(ValueError, match="--rollout-depth 2 or more"):
-        train_motion_refiner(RefinerConfig(**{**vars(config), "rollout_depth": 1}))
+    for depth, fraction in ((1, 0.5), (3, 0.0)):
+        with pytest.raises(ValueError, match="go together"):
+            train_motion_refiner(RefinerConfig(**{**vars(config), "rollout_depth": depth, "rollout_fraction": fraction}))
     with pytest.raises(ValueError, match="--rollout-fraction"):
         train_motion_refiner(RefinerConfig(**{**vars(config), "moved_fraction": 0.5}))
     out = train_motion_refiner(config)

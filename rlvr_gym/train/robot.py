@@ -283,7 +283,7 @@ def refiner_batch(episodes: list[Episode], rows: np.ndarray, t: np.ndarray) -> t
     return pick(-1), pick(0), pick(1), np.stack([episodes[e].frames[0] for e in rows]), actions
 
 
-def saved_predictions(run_dir: Path, kind: str = "predictions") -> list[Path] | None:
+def saved_shards(run_dir: Path, kind: str = "predictions") -> list[Path] | None:
     """A complete set of the shards `train refiner` saves (KIND_R_of_N.npz for every R < N; kind "predictions" or
     "rollouts") in run_dir, whatever N the processes that wrote them numbered; the smallest N if there are several,
     None if none."""
@@ -300,7 +300,7 @@ def predict_once(run_dir: Path, kind: str, d: RUN.Dist,
     """`predict(rank, world_size)`'s arrays from every process, concatenated: each process computes its share once
     and saves it in run_dir (KIND_R_of_N.npz), so a resumed run, or one started in a run dir holding the shards of
     another (under any number of processes), reads them back."""
-    shards = saved_predictions(run_dir, kind)
+    shards = saved_shards(run_dir, kind)
     if shards is None:
         part = run_dir / f"{kind}_{d.rank}_of_{d.world_size}.npz"
         if not part.is_file():
@@ -382,9 +382,10 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
         raise ValueError(f"--real-fraction must lie in [0, 1], and --moved-fraction, --revealed-fraction and "
                          f"--rollout-fraction be at least 0 with a sum below 1, got {config.real_fraction}, "
                          f"{config.moved_fraction}, {config.revealed_fraction} and {config.rollout_fraction}")
-    if config.rollout_fraction > 0 and config.rollout_depth < 2:
-        raise ValueError(f"--rollout-fraction {config.rollout_fraction} needs --rollout-depth 2 or more (rollout "
-                         f"frames 2..depth are what it draws), got {config.rollout_depth}")
+    if (config.rollout_fraction > 0) != (config.rollout_depth > 1):
+        raise ValueError(f"--rollout-fraction and --rollout-depth go together: a fraction above 0 draws rollout frames "
+                         f"2..depth (depth 2 or more), and rollouts are run only for it; got "
+                         f"{config.rollout_fraction} and {config.rollout_depth}")
     d = RUN.setup_processes(config.threads)
     run_dir = Path(config.run_dir)
     world = RobotWorldModel.load(config.world_model, d.device)
