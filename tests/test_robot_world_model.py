@@ -587,13 +587,18 @@ def test_motion_refiner_trains_on_the_models_predictions_resumes_and_travels_wit
         RobotWorldModel.load(copy)
 
 
-def test_refiner_learns_on_its_own_rollout_frames_refined_from_the_frames_shown_before_them(tiny_world, tmp_path):
-    root, world_dir = tiny_world
-    world = RobotWorldModel.load(world_dir)
+def with_random_refiner(world: RobotWorldModel, context_from_frames: bool = False) -> RobotWorldModel:
+    """The world model with an untrained refiner whose last layer is not zero, so that it moves pixels."""
     torch.manual_seed(0)
     world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
     torch.nn.init.normal_(world.refiner.head[-1].weight, std=0.05)
-    world.settings.context_from_frames = True
+    world.settings.context_from_frames = context_from_frames
+    return world
+
+
+def test_refiner_learns_on_its_own_rollout_frames_refined_from_the_frames_shown_before_them(tiny_world, tmp_path):
+    root, world_dir = tiny_world
+    world = with_random_refiner(RobotWorldModel.load(world_dir), context_from_frames=True)
     refined_dir = world.save(tmp_path / "refined")
     episodes = load_episodes(root / "train")
     starts = rollout_starts(episodes, depth=3, count=5, seed=0)
@@ -628,11 +633,7 @@ def test_refiner_learns_on_its_own_rollout_frames_refined_from_the_frames_shown_
 
 def test_a_rollout_that_feeds_back_its_frames_prompts_with_the_codes_of_what_it_shows(tiny_world):
     root, world_dir = tiny_world
-    world = RobotWorldModel.load(world_dir)
-    torch.manual_seed(0)
-    world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
-    torch.nn.init.normal_(world.refiner.head[-1].weight, std=0.05)
-    world.settings.context_from_frames = True
+    world = with_random_refiner(RobotWorldModel.load(world_dir), context_from_frames=True)
     episode = load_episodes(root / "heldout")[0]
     frames, actions = episode.frames, episode.actions
     prompt = world.prompt(world.encode(frames[:2], frames[:1]), [False, False], actions[:2])
@@ -663,10 +664,7 @@ def test_decode_rollout_in_chunks_equals_one_pass(tiny_world, monkeypatch):
     from rlvr_gym.models import robot_world_model
 
     root, world_dir = tiny_world
-    world = RobotWorldModel.load(world_dir)
-    torch.manual_seed(0)
-    world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
-    torch.nn.init.normal_(world.refiner.head[-1].weight, std=0.05)
+    world = with_random_refiner(RobotWorldModel.load(world_dir))
     frames, actions = (lambda e: (e.frames, e.actions))(load_episodes(root / "heldout")[0])
     args = (world.encode(frames[1:6], frames[:1])[:, None], frames[:5], frames[:1], frames[:5], actions[:5, None])
     whole = world.decode_rollout(*args)
