@@ -477,8 +477,9 @@ def test_evaluation_reports_model_and_baselines(tiny_world):
 
 def test_a_model_that_feeds_back_its_frames_counts_repeats_against_the_frames_it_was_prompted_with(tiny_world):
     from rlvr_gym.evaluation.robot import (
-        evaluate_world_model, multi_step_prompts, predict_in_batches, rollout_start, tokenize_episodes,
+        evaluate_world_model, multi_step_prompts, rollout_start, tokenize_episodes,
     )
+    from rlvr_gym.models.robot_world_model import predict_in_batches
 
     root, world_dir = tiny_world
     world = RobotWorldModel.load(world_dir)

@@ -24,7 +24,7 @@ import torch
 from rlvr_gym.data.episodes import CollectConfig, Episode, collect, load_episodes
 from rlvr_gym.domains import robot as R
 from rlvr_gym.domains.robot import WHOLE_OBJECT_PIXELS, object_position_error
-from rlvr_gym.models.robot_world_model import Rollout, RobotWorldModel, RolloutStart
+from rlvr_gym.models.robot_world_model import RobotWorldModel, RolloutStart, predict_in_batches
 from rlvr_gym.models.sampler import SamplingConfig
 from rlvr_gym.train.robot import episode_codes, frame_flags
 
@@ -99,18 +99,6 @@ def multi_step_prompts(world: RobotWorldModel, data: list[EpisodeTokens], k: int
 def rollout_start(data: list[EpisodeTokens], where: list[tuple[int, int]]) -> RolloutStart:
     """The real frames behind prompts ending at step t of episode i, for each (i, t) in `where`."""
     return RolloutStart.of_episodes([d.episode for d in data], where)
-
-
-def predict_in_batches(world: RobotWorldModel, prompts, start: RolloutStart, k: int, future,
-                       sampling: SamplingConfig | None = None, num_samples: int = 1, batch: int = 64,
-                       seed: int = 0) -> Rollout:
-    """`world.rollout` over the prompts in batches of `batch`, concatenated."""
-    parts = []
-    for s in range(0, len(prompts), batch):
-        parts.append(world.rollout(prompts[s : s + batch], start.rows(slice(s, s + batch)), k,
-                                   future[s : s + batch] if future else None, sampling, num_samples,
-                                   torch.Generator().manual_seed(seed + s)))
-    return Rollout.concatenate(parts)
 
 
 def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizon: int = 5,

@@ -391,3 +391,15 @@ class RobotWorldModel:
                 current = [self.slide(current[i], context[i, step], flags[i], future_actions[i // num_samples][step])
                            for i in range(rows)]
         return Rollout(codes, success, errors, frames, context)
+
+
+def predict_in_batches(world: RobotWorldModel, prompts, start: RolloutStart, k: int, future,
+                       sampling: SamplingConfig | None = None, num_samples: int = 1, batch: int = 64,
+                       seed: int = 0) -> Rollout:
+    """`world.rollout` over the prompts in batches of `batch`, concatenated."""
+    parts = []
+    for s in range(0, len(prompts), batch):
+        parts.append(world.rollout(prompts[s : s + batch], start.rows(slice(s, s + batch)), k,
+                                   future[s : s + batch] if future else None, sampling, num_samples,
+                                   torch.Generator().manual_seed(seed + s)))
+    return Rollout.concatenate(parts)

@@ -26,7 +26,7 @@ from rlvr_gym.models.frame_tokenizer import CONTEXT_FRAMES, FrameTokenizer, Fram
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
 from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig
 from rlvr_gym.models.robot_world_model import (
-    RobotWorldModel, RolloutStart, WorldModelSettings, load_frame_tokenizer, load_motion_refiner,
+    RobotWorldModel, RolloutStart, WorldModelSettings, load_frame_tokenizer, load_motion_refiner, predict_in_batches,
 )
 from rlvr_gym.sim.robot import save_initial_states
 from rlvr_gym.train import run as RUN
@@ -314,34 +314,28 @@ def predict_once(run_dir: Path, kind: str, d: RUN.Dist,
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0].files}
 
 
-def rollout_transitions(world: RobotWorldModel, episodes: list[Episode], starts: list[tuple[int, int]], depth: int,
-                        batch: int = 64) -> dict[str, np.ndarray]:
+def rollout_transitions(world: RobotWorldModel, episodes: list[Episode], starts: list[tuple[int, int]],
+                        depth: int) -> dict[str, np.ndarray]:
     """Frames 2..depth of greedy `depth`-frame rollouts from each (episode, b) in `starts` (the world model as the
     env runs it: its refiner, its prompts): per frame, the generated "codes", the frames shown "before" and "last"
-    it, and the "episode" and step "t" whose real next frame it predicts (frame t + 1, after action t). Rows whose
-    codes did not parse are left out."""
-    out: dict[str, list] = {"codes": [], "before": [], "last": [], "episode": [], "t": []}
-    codes = {e: episode_codes(world.frame_tokenizer, episodes[e]) for e in sorted({e for e, _ in starts})}
-    flags = {e: frame_flags(episodes[e]) for e in codes}
-    for s in range(0, len(starts), batch):
-        part = starts[s : s + batch]
-        prompts = [world.prompt(codes[e][: b + 1], flags[e][: b + 1], episodes[e].actions[: b + 1]) for e, b in part]
-        future = [episodes[e].actions[b + 1 : b + depth] for e, b in part]
-        start = RolloutStart.of_episodes(episodes, part)
-        rollout = world.rollout(prompts, start, k=depth, future_actions=future)
-        shown = np.concatenate([start.before[:, None], start.last[:, None], rollout.frames], 1)
-        for j in range(1, depth):
-            ok = (rollout.codes[:, j] >= 0).all(1)
-            out["codes"].append(rollout.codes[ok, j])
-            out["before"].append(shown[ok, j])
-            out["last"].append(shown[ok, j + 1])
-            out["episode"].append(np.array([e for e, _ in part])[ok])
-            out["t"].append(np.array([b + j for _, b in part])[ok])
-    if not starts:
+    it, and the "episode" and step "t" whose real next frame it predicts (frame t + 1, after action t). Step-major;
+    rows whose codes did not parse are left out."""
+    if not starts:  # a process's share can be empty
         frame = episodes[0].frames.shape[1:]
         return {"codes": np.zeros((0, world.frame_tokens), np.int64), "before": np.zeros((0, *frame), np.uint8),
                 "last": np.zeros((0, *frame), np.uint8), "episode": np.zeros(0, np.int64), "t": np.zeros(0, np.int64)}
-    return {k: np.concatenate(v) for k, v in out.items()}
+    codes = {e: episode_codes(world.frame_tokenizer, episodes[e]) for e in sorted({e for e, _ in starts})}
+    flags = {e: frame_flags(episodes[e]) for e in codes}
+    prompts = [world.prompt(codes[e][: b + 1], flags[e][: b + 1], episodes[e].actions[: b + 1]) for e, b in starts]
+    future = [episodes[e].actions[b + 1 : b + depth] for e, b in starts]
+    start = RolloutStart.of_episodes(episodes, starts)
+    rollout = predict_in_batches(world, prompts, start, depth, future)
+    shown = np.concatenate([start.before[:, None], start.last[:, None], rollout.frames], 1).swapaxes(0, 1)
+    generated = rollout.codes[:, 1:].swapaxes(0, 1)  # (depth - 1, starts, frame_tokens)
+    ok = (generated >= 0).all(-1)
+    episode, begin = (np.array(column) for column in zip(*starts))
+    return {"codes": generated[ok], "before": shown[1:depth][ok], "last": shown[2 : depth + 1][ok],
+            "episode": np.broadcast_to(episode, ok.shape)[ok], "t": (begin + np.arange(1, depth)[:, None])[ok]}
 
 
 def rollout_starts(episodes: list[Episode], depth: int, count: int, seed: int) -> list[tuple[int, int]]:
