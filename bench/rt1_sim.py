@@ -48,9 +48,9 @@ def synchronize(device: torch.device) -> None:
 
 
 def frame_flops(world: RobotWorldModel) -> float:
-    """FLOPs of the frame networks in one env step (the frame tokenizer's decoder, the motion refiner if any, and the
-    encoder when the frame shown enters the next prompt: `context_from_frames`), counted from the conv layers'
-    shapes on a real forward pass."""
+    """FLOPs of the frame networks in one env step (the frame tokenizer's decoder, the motion refiner if any, the
+    encoder when the frame shown enters the next prompt: `context_from_frames`, and the state reader if any),
+    counted from the conv layers' shapes on a real forward pass."""
     flops = 0
 
     def count(module, inputs, output):
@@ -64,6 +64,8 @@ def frame_flops(world: RobotWorldModel) -> float:
     world.decode_rollout(np.zeros((1, 1, world.frame_tokens), np.int64), frame, frame, frame, np.zeros((1, 1, 7)))
     if world.settings.context_from_frames:
         world.encode(frame, frame)
+    if world.state_reader is not None:
+        world.state_reader.read(frame)
     for h in hooks:
         h.remove()
     return float(flops)

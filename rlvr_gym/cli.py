@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                         "train the frame tokenizer (FSQ, context-conditioned)"),
     "train refiner": ("rlvr_gym.train.robot", "RefinerConfig", "train_motion_refiner",
                       "train a world model's motion refiner on its transformer's own predictions"),
+    "train state-reader": ("rlvr_gym.train.robot", "ReaderConfig", "train_state_reader",
+                           "train a world model's state reader, which its simulator decides success from"),
     "train rt1-mle": ("rlvr_gym.train.robot", "RT1MLEConfig", "run_rt1_mle", "train the video world model by maximum likelihood"),
     "train rt1-rlvr": ("rlvr_gym.train.robot", "RT1RLVRConfig", "run_rt1_rlvr",
                        "post-train the video world model with GRPO on -(L1 + LPIPS)"),

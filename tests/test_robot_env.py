@@ -5,7 +5,9 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from envs.robot import ENV_ID, OBJECT_NAMES, TASKS, RealRT1Env, make_scripted_policy, register_envs, rollout
-from envs.robot.tasks import NEAR_DISTANCE, ON_TARGET_DISTANCE
+from envs.robot.tasks import (
+    NEAR_DISTANCE, ON_TARGET_DISTANCE, all_tasks, is_success, success_margin, task_and_layout, task_from_instruction,
+)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +105,31 @@ def test_success_tests_match_the_true_state():
     a = infos[-1]["object_a"]
     assert np.linalg.norm(infos[-1]["object_pos"][a, :2] - infos[-1]["target_pos"][:2]) < ON_TARGET_DISTANCE
     env.close()
+
+
+def test_success_margin_is_positive_exactly_where_the_success_test_passes():
+    rng = np.random.default_rng(0)
+    objects = rng.uniform([-0.3, -0.2, -0.01], [0.0, 0.2, 0.05], size=(400, 3, 3))
+    objects[:, 1, :2] = objects[:, 0, :2] + rng.normal(0, 0.06, size=(400, 2))  # often near each other
+    drawer, target = rng.uniform(0, 0.13, 400), objects[:, 0, :2] + rng.normal(0, 0.03, size=(400, 2))
+    for task in all_tasks():
+        margin = success_margin(task, objects, drawer, target)
+        passed = [is_success(task, objects[i], drawer[i], np.append(target[i], 0.0)) for i in range(400)]
+        assert np.array_equal(margin > 0, passed), task
+        assert 0 < np.mean(passed) < 1 or task.name == "push_to_target" and task.object_a != 0, task
+
+
+def test_instructions_and_seeds_give_back_the_task_and_start_the_env_draws():
+    assert [task_from_instruction(t.instruction) for t in all_tasks()] == all_tasks() and len(all_tasks()) == 11
+    with pytest.raises(ValueError, match="none of the tabletop's instructions"):
+        task_from_instruction("make coffee")
+    for name in ("close_drawer", "move_near", "push_to_target"):
+        env = RealRT1Env(task=name)
+        _, info = env.reset(seed=5)
+        task, layout = task_and_layout(name, 5)
+        assert (task.object_a, task.object_b) == (info["object_a"], info["object_b"])
+        assert np.allclose(layout.target_xy, info["target_pos"][:2]) and np.isclose(layout.drawer_qpos, info["drawer_qpos"])
+        env.close()
 
 
 @pytest.mark.parametrize("task", ["open_drawer", "push_to_target"])

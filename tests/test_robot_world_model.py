@@ -15,9 +15,9 @@ from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig, w
 from rlvr_gym.models.robot_world_model import RobotWorldModel, RolloutStart, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, draw_refiner_batch, episode_codes, episode_spans,
+    ReaderConfig, RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, draw_refiner_batch, episode_codes, episode_spans,
     frame_flags, frame_pairs, mle_examples, reconstruction_loss, rollout_starts, rollout_transitions, run_rt1_mle,
-    run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner, windows_with_moves,
+    run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner, train_state_reader, windows_with_moves,
 )
 from rlvr_gym.train.run import read_log
 from rlvr_gym.train.sft import SFTConfig
@@ -674,3 +674,56 @@ def test_decode_rollout_in_chunks_equals_one_pass(tiny_world, monkeypatch):
     assert chunked.shape == whole.shape == (5, 1, 64, 64, 3)
     # Convolutions may round differently at another batch size: one grey level at most.
     np.testing.assert_allclose(chunked.astype(int), whole.astype(int), atol=1, rtol=0)
+
+
+def test_state_reader_learns_states_from_frames_and_decides_the_simulators_success(tiny_world, tmp_path):
+    import gymnasium as gym
+
+    import rlvr_gym  # noqa: F401  (registers the env ids)
+    from envs.robot.tasks import task_from_instruction
+    from rlvr_gym.models.state_reader import READ_NAMES, success_probability
+    from rlvr_gym.sim.robot import _Simulator, replay_max_success_probs
+
+    root, world_dir = tiny_world
+    config = ReaderConfig(run_dir=str(root / "reader"), world_model=str(world_dir), data=str(root / "train"),
+                          heldout=str(root / "heldout"), steps=150, batch_size=16, warmup_steps=0,
+                          save_every=75, eval_every=150, eval_frames=16)
+    with pytest.raises(ValueError, match="--recon-fraction"):
+        train_state_reader(ReaderConfig(**{**vars(config), "recon_fraction": 1.5}))
+    out = train_state_reader(config)
+    losses = [row["train/loss"] for row in read_log(root / "reader") if "train/loss" in row]
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), "the reader learns the states"
+    evals = [row for row in read_log(root / "reader") if "eval/object_xy_cm" in row]
+    assert evals and {"eval/drawer_cm", "eval/target_cm", "eval/success_balanced_accuracy"} <= set(evals[-1])
+    assert train_state_reader(ReaderConfig(**{**vars(config), "steps": 152, "resume": True})) == out
+    assert read_log(root / "reader")[-1]["step"] == 152
+
+    world = RobotWorldModel.load(out)
+    assert world.state_reader is not None and RobotWorldModel.load(world_dir).state_reader is None
+    assert world.settings.success_thresholds == {}, "flag thresholds do not carry over to the reader"
+    episode = load_episodes(root / "heldout")[0]
+    read = world.state_reader.read(episode.frames)
+    assert read.shape == (len(episode.frames), len(READ_NAMES)) and read.dtype == np.float32
+    with pytest.raises(ValueError, match="uint8 frames"):
+        world.state_reader.read(episode.frames[0])
+
+    # The simulator's success is the task's test on the state read off the frame it shows.
+    env = gym.make("RLVRWorld-RT1-v0", checkpoint=str(out), horizon=4).unwrapped
+    obs, info = env.reset(seed=0)
+    first = world.state_reader.read(obs[None])
+    obs, reward, terminated, _, info = env.step(np.zeros(7, np.float32))
+    assert set(info["read_state"]) == set(READ_NAMES)
+    expected = success_probability(task_from_instruction(info["instruction"]), world.state_reader.read(obs[None]), first[0])
+    assert info["success_prob"] == pytest.approx(expected[0], abs=1e-5)
+    assert reward == float(info["success_prob"] > 0.5) == float(terminated)
+    sim = _Simulator.load(out, None, 0.0)
+    assert replay_max_success_probs(sim, [episode]).shape == (1,)
+
+    world.save(tmp_path / "copy")
+    world.state_reader = None
+    assert RobotWorldModel.load(world.save(tmp_path / "copy")).state_reader is None, "saving without one drops it"
+    world.state_reader = RobotWorldModel.load(out).state_reader
+    world.save(tmp_path / "copy")
+    (tmp_path / "copy" / "state_reader" / "model.safetensors").write_bytes(b"not a tensor file")
+    with pytest.raises(CheckpointError, match="state reader"):
+        RobotWorldModel.load(tmp_path / "copy")

@@ -101,3 +101,43 @@ def is_success(task: Task, object_pos: np.ndarray, drawer_qpos: float, target_po
         gap = np.linalg.norm(object_pos[task.object_a, :2] - object_pos[task.object_b, :2])
         return bool(on_table and gap < NEAR_DISTANCE)
     return bool(on_table and np.linalg.norm(object_pos[task.object_a, :2] - target_pos[:2]) < ON_TARGET_DISTANCE)
+
+
+def success_margin(task: Task, object_pos: np.ndarray, drawer_qpos: np.ndarray, target_xy: np.ndarray) -> np.ndarray:
+    """How far (m) each of a batch of states is inside the task's success region (> 0 succeeded), the quantity
+    `is_success` thresholds: object positions (N, n, 3), drawer joints (N,), target centres (N, 2)."""
+    object_pos, drawer_qpos, target_xy = np.asarray(object_pos), np.asarray(drawer_qpos), np.asarray(target_xy)
+    if task.name == "open_drawer":
+        return drawer_qpos - DRAWER_OPEN
+    if task.name == "close_drawer":
+        return DRAWER_CLOSED - drawer_qpos
+    a = object_pos[:, task.object_a]
+    on_table = a[:, 2] - OBJECT_HALF_SIZE / 2
+    if task.name == "move_near":
+        return np.minimum(on_table, NEAR_DISTANCE - np.linalg.norm(a[:, :2] - object_pos[:, task.object_b, :2], axis=-1))
+    return np.minimum(on_table, ON_TARGET_DISTANCE - np.linalg.norm(a[:, :2] - target_xy, axis=-1))
+
+
+def all_tasks() -> list[Task]:
+    """Every task an episode can ask: both drawer tasks and each choice of objects for the other two."""
+    n = len(OBJECT_NAMES)
+    return ([Task("open_drawer"), Task("close_drawer")]
+            + [Task("move_near", a, b) for a in range(n) for b in range(n) if a != b]
+            + [Task("push_to_target", a) for a in range(n)])
+
+
+def task_from_instruction(instruction: str) -> Task:
+    """The task whose instruction this is (`Task.instruction` read back)."""
+    for task in all_tasks():
+        if task.instruction == instruction:
+            return task
+    raise ValueError(f"{instruction!r} is none of the tabletop's instructions, e.g. {all_tasks()[2].instruction!r}")
+
+
+def task_and_layout(name: str, seed: int) -> tuple[Task, Layout]:
+    """The task and start state `RealRT1Env(task=name).reset(seed=seed)` draws."""
+    from gymnasium.utils import seeding
+
+    rng, _ = seeding.np_random(seed)
+    task = sample_task(name, rng)
+    return task, sample_layout(task, rng)

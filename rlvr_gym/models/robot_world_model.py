@@ -4,6 +4,8 @@ A checkpoint directory holds
     lm/               Hugging Face causal LM over rlvr_gym.domains.robot's token layout
     frame_tokenizer/  FrameTokenizer (safetensors)
     motion_refiner/   MotionRefiner (optional): moves the last frame's pixels where the decoder would redraw them
+    state_reader/     StateReader (optional): reads the state off the frames shown, which the simulator's success is
+                      then decided from (else from the transformer's success flag)
     world_model.json  context_steps and the layout the LM was trained with (codebook, tokens per frame, vocabulary)
 Rollouts keep at most `context_steps` past steps in the prompt (the window slides, as in RLVR-World).
 """
@@ -22,6 +24,7 @@ import torch
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import FrameTokenizer
 from rlvr_gym.models.motion_refiner import MotionRefiner
+from rlvr_gym.models.state_reader import StateReader
 from rlvr_gym.models.lm import SHIPPED_DIR, CheckpointError, load_model, pick_device, resolve_checkpoint
 from rlvr_gym.models.sampler import SamplingConfig, sample
 
@@ -70,6 +73,10 @@ def load_frame_tokenizer(path: str | os.PathLike) -> FrameTokenizer:
 
 def load_motion_refiner(path: str | os.PathLike) -> MotionRefiner:
     return load_network(MotionRefiner, path, "motion refiner")
+
+
+def load_state_reader(path: str | os.PathLike) -> StateReader:
+    return load_network(StateReader, path, "state reader")
 
 
 @dataclass
@@ -128,7 +135,7 @@ class Rollout:
 
 class RobotWorldModel:
     def __init__(self, lm: torch.nn.Module, frame_tokenizer: FrameTokenizer, settings: WorldModelSettings,
-                 refiner: MotionRefiner | None = None):
+                 refiner: MotionRefiner | None = None, state_reader: StateReader | None = None):
         if lm.config.vocab_size != R.VOCAB_SIZE:
             raise CheckpointError(f"the transformer's vocabulary ({lm.config.vocab_size}) is not the robot layout's ({R.VOCAB_SIZE})")
         tok_config = frame_tokenizer.config
@@ -141,6 +148,7 @@ class RobotWorldModel:
         self.frame_tokenizer = frame_tokenizer.eval()
         self.settings = settings
         self.refiner = refiner.eval() if refiner is not None else None
+        self.state_reader = state_reader.eval() if state_reader is not None else None
         if refiner is not None and refiner.config.image_size != tok_config.image_size:
             raise CheckpointError(f"the motion refiner works on {refiner.config.image_size}px frames, the tokenizer's "
                                   f"are {tok_config.image_size}px")
@@ -187,7 +195,8 @@ class RobotWorldModel:
                                   f"tokenizer make {expected}")
         lm, _ = load_model(resolve_checkpoint(path / "lm"))
         refiner = load_motion_refiner(path / "motion_refiner") if (path / "motion_refiner").exists() else None
-        return cls(lm, frame_tokenizer, settings, refiner).to(device)
+        reader = load_state_reader(path / "state_reader") if (path / "state_reader").exists() else None
+        return cls(lm, frame_tokenizer, settings, refiner, reader).to(device)
 
     @property
     def device(self) -> torch.device:
@@ -201,8 +210,9 @@ class RobotWorldModel:
 
     def networks(self) -> list[tuple[str, torch.nn.Module]]:
         """The networks and their directory names in a checkpoint."""
-        named = [("lm", self.lm), ("frame_tokenizer", self.frame_tokenizer)]
-        return named + ([("motion_refiner", self.refiner)] if self.refiner is not None else [])
+        named = [("lm", self.lm), ("frame_tokenizer", self.frame_tokenizer), ("motion_refiner", self.refiner),
+                 ("state_reader", self.state_reader)]
+        return [(name, module) for name, module in named if module is not None]
 
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
         """Write the checkpoint directory; dtype=torch.float16 halves it for shipping (loading casts back)."""
@@ -212,8 +222,9 @@ class RobotWorldModel:
             original = next(module.parameters()).dtype
             module.to(dtype).save_pretrained(path / name, safe_serialization=True)
             module.to(original)
-        if self.refiner is None and (path / "motion_refiner").exists():
-            shutil.rmtree(path / "motion_refiner")  # a model without one must not load an old one back
+        for name, module in (("motion_refiner", self.refiner), ("state_reader", self.state_reader)):
+            if module is None and (path / name).exists():
+                shutil.rmtree(path / name)  # a model without one must not load an old one back
         self.save_settings(path)
         return path
 

@@ -21,11 +21,13 @@ import torch
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from envs.robot.tasks import Task, task_from_instruction
 from rlvr_gym.data.episodes import Episode, load_episodes
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.lm import CheckpointError
 from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
 from rlvr_gym.models.sampler import SamplingConfig
+from rlvr_gym.models.state_reader import READ_NAMES, success_probability
 
 INITIAL_STATES = "initial_states.npz"
 IMAGE_SHAPE = (64, 64, 3)
@@ -129,6 +131,12 @@ class _Rollout:
     """The real first frame: the context of a frame tokenizer conditioned on it (else the last frame is)."""
     before: np.ndarray
     """The frame before `frame` (`frame` itself at the start), which a motion refiner reads."""
+    task: Task
+    """What the episode asks (which objects), for success read off the frames by a state reader."""
+    first_state: np.ndarray | None = None
+    """The state reader's reading of `first_frame` (where the target marker is), if the world model has a reader."""
+    state: np.ndarray | None = None
+    """The state reader's reading of `frame`, if the world model has a reader (`info["read_state"]`)."""
     steps: int = 0
     success_prob: float = 0.0
     error: str | None = None
@@ -167,19 +175,32 @@ class _Simulator:
         # Drawn even when greedy, so that the sequence of initial states a seed gives never depends on the temperature.
         sample_seed = int(rng.integers(2**63 - 1))
         return self._rollout(int(index), sample_seed, self.first_codes[index], self.states.frames[index],
-                             str(self.states.tasks[index]))  # fmt: skip
+                             str(self.states.tasks[index]), str(self.states.instructions[index]))  # fmt: skip
 
-    def start_from_frame(self, frame: np.ndarray, task: str) -> _Rollout:
+    def start_from_frame(self, frame: np.ndarray, task: str, instruction: str) -> _Rollout:
         """A rollout from any real first frame (not one of the initial states: index -1, no info)."""
-        return self._rollout(-1, 0, self.world.encode(frame[None], frame[None])[0], frame, task)
+        return self._rollout(-1, 0, self.world.encode(frame[None], frame[None])[0], frame, task, instruction)
 
-    def _rollout(self, index: int, sample_seed: int, first_code: np.ndarray, frame: np.ndarray, task: str) -> _Rollout:
+    def _rollout(self, index: int, sample_seed: int, first_code: np.ndarray, frame: np.ndarray, task: str,
+                 instruction: str) -> _Rollout:
         n = self.world.settings.context_steps
         # After each step `codes` holds one more frame than the prompt uses and `actions` one fewer; appending
         # the next action (which drops the oldest) makes them line up again.
         codes = deque([first_code], maxlen=n)
         threshold = self.world.settings.success_threshold(task)
-        return _Rollout(index, sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold, frame, frame.copy())
+        rollout = _Rollout(index, sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold,
+                           frame, frame.copy(), self._task(task, instruction))
+        if self.world.state_reader is not None:
+            rollout.first_state = rollout.state = self.world.state_reader.read(frame[None])[0]
+        return rollout
+
+    def _task(self, name: str, instruction: str) -> Task:
+        if self.world.state_reader is None:
+            return Task(name)  # only the name matters to the success flag
+        task = task_from_instruction(instruction)
+        if task.name != name:
+            raise ValueError(f"instruction {instruction!r} asks for {task.name}, not {name}")
+        return task
 
     def advance(self, rollouts: list[_Rollout], actions: np.ndarray, generator: torch.Generator | None) -> None:
         """Predict the next frame of every rollout under its action with one batched `rollout` call."""
@@ -189,6 +210,12 @@ class _Simulator:
         start = RolloutStart(np.stack([r.frame for r in rollouts]), np.stack([r.first_frame for r in rollouts]),
                              np.stack([r.before for r in rollouts]), np.asarray(actions))
         result = self.world.rollout(prompts, start, k=1, sampling=self.sampling, generator=generator)
+        if self.world.state_reader is not None:
+            # Success read off the frames shown: the task's own test on the state the reader sees in them.
+            states = self.world.state_reader.read(result.frames[:, 0])
+            for i, rollout in enumerate(rollouts):
+                rollout.state = states[i]
+                result.success[i, 0] = success_probability(rollout.task, states[i : i + 1], rollout.first_state)[0]
         for i, rollout in enumerate(rollouts):
             rollout.codes.append(result.context[i, 0])
             rollout.before = rollout.frame
@@ -205,6 +232,8 @@ class _Simulator:
             "step": rollout.steps,
             "initial_state": rollout.index,
         }
+        if rollout.state is not None:
+            info["read_state"] = dict(zip(READ_NAMES, rollout.state.tolist()))
         if rollout.error is not None:
             info["error"] = rollout.error
         return info
@@ -236,7 +265,7 @@ def replay_max_success_probs(sim: _Simulator, episodes: Sequence[Episode], num_e
     generator = torch.Generator().manual_seed(0)
     for start in range(0, len(episodes), num_envs):
         batch = list(episodes[start : start + num_envs])
-        rollouts = [sim.start_from_frame(e.frames[0], e.task) for e in batch]
+        rollouts = [sim.start_from_frame(e.frames[0], e.task, e.instruction) for e in batch]
         for t in range(max(len(e) for e in batch)):
             live = [i for i, e in enumerate(batch) if t < len(e)]
             sim.advance([rollouts[i] for i in live], np.stack([batch[i].actions[t] for i in live]), generator)
@@ -271,8 +300,9 @@ def best_threshold(max_probs: np.ndarray, succeeded: np.ndarray) -> tuple[float,
 def calibrate(config: CalibrateConfig) -> dict[str, Any]:
     """Set the checkpoint's per-task success thresholds from open-loop replays of training episodes.
 
-    The success head sees imagined frames, which blur what decides success; its probabilities under good real
-    actions stay well below 0.5 (rt1-rlvr: an expert scored 1.0 real, 0.19 in the learned env). The threshold per
+    The success head (the transformer's flag, or a state reader) sees imagined frames, which blur what decides
+    success; the flag's probabilities under good real actions stay well below 0.5 (rt1-rlvr: an expert scored 1.0
+    real, 0.19 in the learned env). The threshold per
     task is the one that best separates the replays of episodes that really succeeded from those that did not.
     """
     path = Path(config.checkpoint)
@@ -354,7 +384,10 @@ class RT1WorldEnv(gym.Env):
     ## Rewards
     1.0 when the model's success probability for the predicted frame exceeds the checkpoint's threshold for the
     episode's task (`rlvr-gym calibrate rt1` sets them; 0.5 where it did not), else 0.0 (the real env's
-    reward is 1.0 on the step that reaches success, which also ends its episode).
+    reward is 1.0 on the step that reaches success, which also ends its episode). With a state reader in the
+    checkpoint (`rlvr-gym train state-reader`) the probability is the task's own success test on the state read
+    off the frame shown, sigmoid(margin / 1 cm), the target marker read off the first frame; without one it is
+    the transformer's success flag.
 
     ## Starting State
     A real first frame from the checkpoint's `initial_states.npz`, drawn uniformly with the env's `np_random`
@@ -362,8 +395,9 @@ class RT1WorldEnv(gym.Env):
 
     ## Episode End
     Terminated when the predicted success probability exceeds that threshold; truncated after `horizon` steps.
-    `info`: `success_prob`, `is_success`, `task`, `instruction`, `step`, `initial_state` (the row), and
-    `error` when the model's output could not be parsed (the last frame is repeated then).
+    `info`: `success_prob`, `is_success`, `task`, `instruction`, `step`, `initial_state` (the row),
+    `read_state` (with a state reader: object centres, drawer joint and target marker in metres, as read off the
+    frame) and `error` when the model's output could not be parsed (the last frame is repeated then).
 
     ## Arguments
     - `checkpoint`: a world-model directory or shipped name (default "rt1-rlvr").
