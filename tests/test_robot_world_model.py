@@ -719,6 +719,12 @@ def test_state_reader_learns_states_from_frames_and_decides_the_simulators_succe
     sim = _Simulator.load(out, None, 0.0)
     assert replay_max_success_probs(sim, [episode]).shape == (1,)
 
+    # --steps 0 from a trained reader adds it to another world model as it is.
+    attached = train_state_reader(ReaderConfig(**{**vars(config), "run_dir": str(tmp_path / "attach"),
+                                                  "model": str(root / "reader" / "final"), "steps": 0}))
+    for a, b in zip(RobotWorldModel.load(attached).state_reader.parameters(), world.state_reader.parameters()):
+        assert torch.equal(a, b)
+
     world.save(tmp_path / "copy")
     world.state_reader = None
     assert RobotWorldModel.load(world.save(tmp_path / "copy")).state_reader is None, "saving without one drops it"

@@ -547,7 +547,8 @@ def reader_metrics(reader: StateReader, episodes: list[Episode], n: int) -> dict
 
 def train_state_reader(config: ReaderConfig) -> Path:
     """Train a state reader on real frames (and their tokenizer reconstructions) against the true states; writes
-    RUN_DIR/world_model, the world model with the reader, whose simulator then reads success off its frames."""
+    RUN_DIR/world_model, the world model with the reader, whose simulator then reads success off its frames.
+    `--model READER_DIR --steps 0` adds a trained reader to another world model as it is."""
     if not 0 <= config.recon_fraction <= 1:
         raise ValueError(f"--recon-fraction must lie in [0, 1], got {config.recon_fraction}")
     d = RUN.setup_processes(config.threads)
