@@ -301,9 +301,9 @@ def calibrate(config: CalibrateConfig) -> dict[str, Any]:
     """Set the checkpoint's per-task success thresholds from open-loop replays of training episodes.
 
     The success head (the transformer's flag, or a state reader) sees imagined frames, which blur what decides
-    success; the flag's probabilities under good real actions stay well below 0.5 (rt1-rlvr: an expert scored 1.0
-    real, 0.19 in the learned env). The threshold per
-    task is the one that best separates the replays of episodes that really succeeded from those that did not.
+    success; under good real actions its probabilities stay well below 0.5 (rt1-rlvr's flag: an expert scored 1.0
+    real, 0.19 in the learned env; a reader finds the drawer short of open in long rollouts). The threshold per task
+    is the one that best separates the replays of episodes that really succeeded from those that did not.
     """
     path = Path(config.checkpoint)
     if not path.is_dir():
