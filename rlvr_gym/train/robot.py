@@ -195,6 +195,16 @@ def train_frame_tokenizer(config: TokenizerConfig) -> Path:
     return run.finish()
 
 
+def save_with_initial_states(world: RobotWorldModel, source: str | os.PathLike, out: Path) -> Path:
+    """Save `world` (the model loaded from `source` with a network trained or replaced) to `out`, with the initial
+    states of `source`, so that the learned env can start from it."""
+    world.to("cpu").save(out)
+    states = RobotWorldModel.resolve(source) / "initial_states.npz"
+    if states.is_file():
+        shutil.copy2(states, out / "initial_states.npz")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------- motion refiner
 
 
@@ -459,10 +469,7 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
     if d.is_main:
         world.refiner = load_motion_refiner(final)
         world.settings.context_from_frames = config.context_from_frames
-        world.to("cpu").save(run_dir / "world_model")
-        source = RobotWorldModel.resolve(config.world_model)
-        if (source / "initial_states.npz").is_file():
-            shutil.copy2(source / "initial_states.npz", run_dir / "world_model" / "initial_states.npz")
+        save_with_initial_states(world, config.world_model, run_dir / "world_model")
     RUN.barrier(d)
     return run_dir / "world_model"
 
@@ -598,10 +605,7 @@ def train_state_reader(config: ReaderConfig) -> Path:
         # Thresholds calibrated on the success flag mean nothing to the reader's probabilities (0.5: on the
         # boundary of the task's own test); `rlvr-gym calibrate rt1` sets new ones.
         world.settings.success_thresholds = {}
-        world.to("cpu").save(run_dir / "world_model")
-        source = RobotWorldModel.resolve(config.world_model)
-        if (source / "initial_states.npz").is_file():
-            shutil.copy2(source / "initial_states.npz", run_dir / "world_model" / "initial_states.npz")
+        save_with_initial_states(world, config.world_model, run_dir / "world_model")
     RUN.barrier(d)
     return run_dir / "world_model"
 
