@@ -275,7 +275,8 @@ def policy_section(config: QuickstartConfig, out: Path, agent: str) -> Section:
     body = (
         f"Each policy runs from the same {config.policy_episodes} initial states per task ({len(first['per_task'])} tasks) "
         "in the real env and "
-        "in the learned env, whose success comes from the world model's own success head. Scripted policies act on the "
+        "in the learned env, whose success the world model decides itself (the shipped ones read the state off the frames "
+        "they show). Scripted policies act on the "
         "true state, so the learned env replays their real actions open loop; the PPO agent acts on frames in both. "
         "Success rates per policy:\n\n"
         f"{markdown_table(rows)}\n\n{markdown_table(metrics)}\n\n"

@@ -716,6 +716,11 @@ def test_state_reader_learns_states_from_frames_and_decides_the_simulators_succe
     expected = success_probability(task_from_instruction(info["instruction"]), world.state_reader.read(obs[None]), first[0])
     assert info["success_prob"] == pytest.approx(expected[0], abs=1e-5)
     assert reward == float(info["success_prob"] > 0.5) == float(terminated)
+    venv = gym.make_vec("RLVRWorld-RT1-v0", num_envs=2, vectorization_mode="vector_entry_point", checkpoint=str(out),
+                        horizon=4)
+    venv.reset(seed=0)
+    infos = venv.step(np.zeros((2, 7), np.float32))[4]
+    assert infos["read_state"]["drawer_qpos"].shape == (2,) and infos["_read_state"].all()
     sim = _Simulator.load(out, None, 0.0)
     assert replay_max_success_probs(sim, [episode]).shape == (1,)
 

@@ -6,8 +6,9 @@
 A ladder of policies (scripted at several skill levels, SB3 checkpoints) runs in the real MuJoCo tabletop and in the
 learned RLVRWorld-RT1-v0 from the same initial states: the checkpoint's `initial_states.npz` holds real first frames
 with the task and env seed they were collected with, and `RealRT1Env(task).reset(seed)` reproduces each frame (checked).
-Success in the learned env is the world model's own success head (`info["is_success"]`, its probability above the
-checkpoint's per-task threshold from `rlvr-gym calibrate rt1`), never the real env's.
+Success in the learned env is the world model's own (`info["is_success"]`: the task's test on the state its state
+reader reads off the frame shown, or without a reader its success flag; the probability above the checkpoint's
+per-task threshold from `rlvr-gym calibrate rt1`), never the real env's.
 
 Scripted policies act on the true state, which the learned env does not have. They therefore run in the real env for
 the full horizon (scored at their first success, as the real env's termination would; they keep acting afterwards only
