@@ -690,6 +690,14 @@ def test_state_reader_learns_states_from_frames_and_decides_the_simulators_succe
                           save_every=75, eval_every=150, eval_frames=16)
     with pytest.raises(ValueError, match="--recon-fraction"):
         train_state_reader(ReaderConfig(**{**vars(config), "recon_fraction": 1.5}))
+    from dataclasses import replace
+
+    from rlvr_gym.data.episodes import write_shards
+
+    imported = [replace(e, states=np.full_like(e.states, np.nan), task="rt1", seed=-1) for e in load_episodes(root / "train")]
+    write_shards(imported, tmp_path / "imported", "train")
+    with pytest.raises(ValueError, match="imported episodes carry no states"):
+        train_state_reader(ReaderConfig(**{**vars(config), "data": str(tmp_path / "imported")}))
     out = train_state_reader(config)
     losses = [row["train/loss"] for row in read_log(root / "reader") if "train/loss" in row]
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), "the reader learns the states"

@@ -562,6 +562,10 @@ def train_state_reader(config: ReaderConfig) -> Path:
     run_dir = Path(config.run_dir)
     world = RobotWorldModel.load(config.world_model, d.device)
     frames, labels, first = reader_labels(load_episodes(config.data))
+    unlabelled = [name for name, known in zip(READ_NAMES, (~np.isnan(labels)).any(0)) if not known]
+    if unlabelled:
+        raise ValueError(f"{config.data} has no true {', '.join(unlabelled)} for any frame (imported episodes carry no "
+                         "states): train the reader on episodes collected from the tabletop (`rlvr-gym collect rt1`)")
     # The decoder's context, as in a rollout: the episode's first frame, or the frame before (itself at the start).
     context = first if world.context_frame == "first" else np.maximum(np.arange(len(frames)) - 1, first)
     if not config.model:
@@ -579,10 +583,11 @@ def train_state_reader(config: ReaderConfig) -> Path:
     def evaluate() -> dict[str, float]:
         return reader_metrics(run.model, held, config.eval_frames)
 
+    to_float = lambda x: FrameTokenizer.to_float(torch.as_tensor(x)).to(d.device)
+
     while run.running():
         started = time.perf_counter()
         idx = RUN.batch_indices(len(frames), config.batch_size, run.step, config.seed, d.rank, d.world_size)
-        to_float = lambda x: FrameTokenizer.to_float(torch.as_tensor(x)).to(d.device)
         batch = to_float(frames[idx])
         n_recon = int(config.recon_fraction * len(idx))
         if n_recon:
