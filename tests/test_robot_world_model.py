@@ -15,9 +15,10 @@ from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig, w
 from rlvr_gym.models.robot_world_model import RobotWorldModel, RolloutStart, WorldModelSettings
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.robot import (
-    ReaderConfig, RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, draw_refiner_batch, episode_codes, episode_spans,
-    frame_flags, frame_pairs, mle_examples, reconstruction_loss, rollout_starts, rollout_transitions, run_rt1_mle,
-    run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner, train_state_reader, windows_with_moves,
+    ReaderConfig, RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, draw_refiner_batch, episode_codes,
+    episode_spans, frame_flags, frame_pairs, mle_examples, reconstruction_loss, rollout_starts, rollout_transitions,
+    run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner, train_state_reader,
+    windows_with_moves,
 )
 from rlvr_gym.train.run import read_log
 from rlvr_gym.train.sft import SFTConfig
@@ -677,10 +678,13 @@ def test_decode_rollout_in_chunks_equals_one_pass(tiny_world, monkeypatch):
 
 
 def test_state_reader_learns_states_from_frames_and_decides_the_simulators_success(tiny_world, tmp_path):
+    from dataclasses import replace
+
     import gymnasium as gym
 
     import rlvr_gym  # noqa: F401  (registers the env ids)
     from envs.robot.tasks import task_from_instruction
+    from rlvr_gym.data.episodes import write_shards
     from rlvr_gym.models.state_reader import READ_NAMES, success_probability
     from rlvr_gym.sim.robot import _Simulator, replay_max_success_probs
 
@@ -690,10 +694,6 @@ def test_state_reader_learns_states_from_frames_and_decides_the_simulators_succe
                           save_every=75, eval_every=150, eval_frames=16)
     with pytest.raises(ValueError, match="--recon-fraction"):
         train_state_reader(ReaderConfig(**{**vars(config), "recon_fraction": 1.5}))
-    from dataclasses import replace
-
-    from rlvr_gym.data.episodes import write_shards
-
     imported = [replace(e, states=np.full_like(e.states, np.nan), task="rt1", seed=-1) for e in load_episodes(root / "train")]
     write_shards(imported, tmp_path / "imported", "train")
     with pytest.raises(ValueError, match="imported episodes carry no states"):
