@@ -4,20 +4,20 @@
 # rolling out and 8 training (one process), the reader 15 (two processes, one thread each), each calibration 6.
 # Needs the shipped models' data (`rlvr-gym collect rt1 --out runs/rt1/train2 --episodes 800 --seed 1 --workers 2`
 # and `... --out runs/rt1/heldout2 --episodes 60 --seed 2 --split heldout`). A killed run continues with the same
-# command plus --resume (extra arguments go to both training runs). The refiner run starts from session 19's refiner,
-# the one shipped before this script ran: on a later checkout point REFINER at a copy of it, e.g.
-#   git worktree add /tmp/s22 7d21c81 && REFINER=/tmp/s22/rlvr_gym/checkpoints/rt1-mle/motion_refiner bash ...
+# command plus --resume (extra arguments go to both training runs). The refiner run starts from rt1-mle as shipped
+# before this script ran (session 19's refiner, which also drew the rollouts): on a later checkout point BASE at it,
+#   git worktree add /tmp/s22 7d21c81 && BASE=/tmp/s22/rlvr_gym/checkpoints/rt1-mle bash docs/ship_rt1_reader.sh
 #
 #   bash docs/ship_rt1_reader.sh
 set -eu
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-runs/rt1}
-REFINER=${REFINER:-rlvr_gym/checkpoints/rt1-mle/motion_refiner}
+BASE=${BASE:-rlvr_gym/checkpoints/rt1-mle}
 export HF_HUB_OFFLINE=1
 # rt1-mle's refiner, 800 more steps: a quarter of each batch from frames 2..5 of 2,048 greedy 5-frame rollouts (each
 # refined from the two frames the rollout showed before it), 0.375 where a whole object moves, 0.25 where one comes
 # out from under the gripper.
-$PY -m rlvr_gym train refiner --world-model rt1-mle --model "$REFINER" \
+$PY -m rlvr_gym train refiner --world-model "$BASE" --model "$BASE/motion_refiner" \
     --run-dir "$RUNS/refiner_mle_rollouts" --data runs/rt1/train2 --heldout runs/rt1/heldout2 --prediction-episodes 0 \
     --steps 800 --lr 2e-4 --warmup-steps 20 --batch-size 16 --moved-fraction 0.375 --revealed-fraction 0.25 \
     --rollout-depth 5 --rollout-starts 2048 --rollout-fraction 0.25 "$@"
