@@ -31,7 +31,7 @@ from rlvr_gym.models.robot_world_model import (
     RobotWorldModel, RolloutStart, WorldModelSettings, load_frame_tokenizer, load_motion_refiner, load_state_reader,
     predict_in_batches,
 )
-from rlvr_gym.sim.robot import save_initial_states
+from rlvr_gym.sim.robot import balanced_accuracy, save_initial_states
 from rlvr_gym.train import run as RUN
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
 from rlvr_gym.train.sft import SFTConfig, train_sft
@@ -529,26 +529,21 @@ def load_reader_for_training(path: str | os.PathLike) -> tuple[StateReader, None
 def reader_metrics(reader: StateReader, episodes: list[Episode], n: int) -> dict[str, float]:
     """Read errors (cm) on n evenly spaced held-out frames, and how well success read from each frame (its task's
     test on the read state, the target read from the episode's first frame) matches the true success."""
-    frames, labels, _ = reader_labels(episodes)
+    frames, labels, first = reader_labels(episodes)
+    read = reader.eval().read(frames)
     pick = np.linspace(0, len(frames) - 1, min(n, len(frames))).round().astype(int)
-    read = reader.eval().read(frames[pick])
-    error = np.abs(read - labels[pick]) * 100
+    error = np.abs(read[pick] - labels[pick]) * 100
     metrics = {"object_xy_cm": float(np.nanmean(error[:, [0, 1, 3, 4, 6, 7]])),
                "object_z_cm": float(np.nanmean(error[:, [2, 5, 8]])),
                "drawer_cm": float(np.nanmean(error[:, 9])), "target_cm": float(np.nanmean(error[:, 10:]))}
-    read_success, true_success = [], []
-    for episode in episodes:
-        if episode.task not in TASKS:
-            continue
-        states = reader.read(episode.frames)
-        task = task_from_instruction(episode.instruction)
-        read_success.append(read_margin(task, states, states[0]) > 0)
-        true_success.append(np.concatenate([[False], episode.success]))
-    if read_success:
-        read_success, true_success = np.concatenate(read_success), np.concatenate(true_success)
-        rates = [read_success[true_success].mean() if true_success.any() else 1.0,
-                 (~read_success[~true_success]).mean() if (~true_success).any() else 1.0]
-        metrics["success_balanced_accuracy"] = float(np.mean(rates))
+    margins, succeeded = [], []
+    for episode, start in zip(episodes, np.unique(first)):
+        if episode.task in TASKS:
+            states = read[start : start + len(episode.frames)]
+            margins.append(read_margin(task_from_instruction(episode.instruction), states, states[0]))
+            succeeded.append(np.concatenate([[False], episode.success]))
+    if margins:
+        metrics["success_balanced_accuracy"] = balanced_accuracy(np.concatenate(margins), np.concatenate(succeeded), 0.0)
     return metrics
 
 
