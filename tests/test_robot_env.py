@@ -5,8 +5,10 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from envs.robot import ENV_ID, OBJECT_NAMES, TASKS, RealRT1Env, make_scripted_policy, register_envs, rollout
+from envs.robot.scene import OBJECT_HALF_SIZE
 from envs.robot.tasks import (
-    NEAR_DISTANCE, ON_TARGET_DISTANCE, all_tasks, is_success, success_margin, task_and_layout, task_from_instruction,
+    DRAWER_CLOSED, DRAWER_OPEN, NEAR_DISTANCE, ON_TARGET_DISTANCE, all_tasks, is_success, success_margin,
+    task_and_layout, task_from_instruction,
 )
 
 
@@ -107,16 +109,23 @@ def test_success_tests_match_the_true_state():
     env.close()
 
 
-def test_success_margin_is_positive_exactly_where_the_success_test_passes():
+def test_success_margins_are_positive_exactly_where_the_tasks_are_done():
     rng = np.random.default_rng(0)
     objects = rng.uniform([-0.3, -0.2, -0.01], [0.0, 0.2, 0.05], size=(400, 3, 3))
     objects[:, 1, :2] = objects[:, 0, :2] + rng.normal(0, 0.06, size=(400, 2))  # often near each other
     drawer, target = rng.uniform(0, 0.13, 400), objects[:, 0, :2] + rng.normal(0, 0.03, size=(400, 2))
+    on_table = objects[:, :, 2] > OBJECT_HALF_SIZE / 2
     for task in all_tasks():
-        margin = success_margin(task, objects, drawer, target)
-        passed = [is_success(task, objects[i], drawer[i], np.append(target[i], 0.0)) for i in range(400)]
-        assert np.array_equal(margin > 0, passed), task
-        assert 0 < np.mean(passed) < 1 or task.name == "push_to_target" and task.object_a != 0, task
+        a, b = task.object_a, task.object_b
+        done = {
+            "open_drawer": drawer >= DRAWER_OPEN,
+            "close_drawer": drawer <= DRAWER_CLOSED,
+            "move_near": on_table[:, a] & (np.linalg.norm(objects[:, a, :2] - objects[:, b, :2], axis=-1) < NEAR_DISTANCE),
+            "push_to_target": on_table[:, a] & (np.linalg.norm(objects[:, a, :2] - target, axis=-1) < ON_TARGET_DISTANCE),
+        }[task.name]
+        assert np.array_equal(success_margin(task, objects, drawer, target) > 0, done), task
+        assert [is_success(task, objects[i], drawer[i], np.append(target[i], 0.0)) for i in range(400)] == done.tolist()
+        assert 0 < done.mean() < 1 or task.name == "push_to_target" and a != 0, task
 
 
 def test_instructions_and_seeds_give_back_the_task_and_start_the_env_draws():

@@ -91,21 +91,16 @@ def sample_layout(task: Task, rng: np.random.Generator) -> Layout:
 
 
 def is_success(task: Task, object_pos: np.ndarray, drawer_qpos: float, target_pos: np.ndarray) -> bool:
-    """The task's success test on the true state (object positions (n, 3), drawer joint, target centre)."""
-    if task.name == "open_drawer":
-        return drawer_qpos >= DRAWER_OPEN
-    if task.name == "close_drawer":
-        return drawer_qpos <= DRAWER_CLOSED
-    on_table = object_pos[task.object_a, 2] > OBJECT_HALF_SIZE / 2
-    if task.name == "move_near":
-        gap = np.linalg.norm(object_pos[task.object_a, :2] - object_pos[task.object_b, :2])
-        return bool(on_table and gap < NEAR_DISTANCE)
-    return bool(on_table and np.linalg.norm(object_pos[task.object_a, :2] - target_pos[:2]) < ON_TARGET_DISTANCE)
+    """The task's success test on the true state (object positions (n, 3), drawer joint, target centre): its
+    `success_margin` is positive."""
+    margin = success_margin(task, np.asarray(object_pos)[None], np.array([drawer_qpos]), np.asarray(target_pos)[None, :2])
+    return bool(margin[0] > 0)
 
 
 def success_margin(task: Task, object_pos: np.ndarray, drawer_qpos: np.ndarray, target_xy: np.ndarray) -> np.ndarray:
-    """How far (m) each of a batch of states is inside the task's success region (> 0 succeeded), the quantity
-    `is_success` thresholds: object positions (N, n, 3), drawer joints (N,), target centres (N, 2)."""
+    """How far (m) each of a batch of states is inside the task's success region (> 0 succeeded): object positions
+    (N, n, 3), drawer joints (N,), target centres (N, 2). The drawer open, or closed; the object on the table and
+    near the other one, or on the target marker."""
     object_pos, drawer_qpos, target_xy = np.asarray(object_pos), np.asarray(drawer_qpos), np.asarray(target_xy)
     if task.name == "open_drawer":
         return drawer_qpos - DRAWER_OPEN
