@@ -150,6 +150,8 @@ class _Simulator:
     states: InitialStates
     first_codes: np.ndarray
     sampling: SamplingConfig
+    first_states: np.ndarray | None = None
+    """The state reader's reading of each initial state, if the world model has a reader."""
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, task: str | None, temperature: float,
@@ -164,7 +166,8 @@ class _Simulator:
                 raise ValueError(f"the checkpoint has no initial states for task {task!r}; it has {sorted(set(states.tasks.tolist()))}")
             states = states.select(rows)
         first_codes = np.concatenate([world.encode(f, f) for f in np.array_split(states.frames, -(-len(states) // 256))])
-        return cls(world, states, first_codes, SamplingConfig(temperature=temperature))
+        first_states = world.state_reader.read(states.frames) if world.state_reader is not None else None
+        return cls(world, states, first_codes, SamplingConfig(temperature=temperature), first_states)
 
     def start(self, rng: np.random.Generator, index: int | None = None) -> _Rollout:
         """A new rollout from initial state `index`, or one drawn with `rng`."""
@@ -174,25 +177,25 @@ class _Simulator:
             raise ValueError(f"options['index'] must be an int in [0, {len(self.states)}), got {index!r}")
         # Drawn even when greedy, so that the sequence of initial states a seed gives never depends on the temperature.
         sample_seed = int(rng.integers(2**63 - 1))
-        return self._rollout(int(index), sample_seed, self.first_codes[index], self.states.frames[index],
+        first_state = self.first_states[index] if self.first_states is not None else None
+        return self._rollout(int(index), sample_seed, self.first_codes[index], first_state, self.states.frames[index],
                              str(self.states.tasks[index]), str(self.states.instructions[index]))  # fmt: skip
 
     def start_from_frame(self, frame: np.ndarray, task: str, instruction: str) -> _Rollout:
         """A rollout from any real first frame (not one of the initial states: index -1, no info)."""
-        return self._rollout(-1, 0, self.world.encode(frame[None], frame[None])[0], frame, task, instruction)
+        reader = self.world.state_reader
+        first_state = reader.read(frame[None])[0] if reader is not None else None
+        return self._rollout(-1, 0, self.world.encode(frame[None], frame[None])[0], first_state, frame, task, instruction)
 
-    def _rollout(self, index: int, sample_seed: int, first_code: np.ndarray, frame: np.ndarray, task: str,
-                 instruction: str) -> _Rollout:
+    def _rollout(self, index: int, sample_seed: int, first_code: np.ndarray, first_state: np.ndarray | None,
+                 frame: np.ndarray, task: str, instruction: str) -> _Rollout:
         n = self.world.settings.context_steps
         # After each step `codes` holds one more frame than the prompt uses and `actions` one fewer; appending
         # the next action (which drops the oldest) makes them line up again.
         codes = deque([first_code], maxlen=n)
         threshold = self.world.settings.success_threshold(task)
-        rollout = _Rollout(index, sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold,
-                           frame, frame.copy(), self._task(task, instruction))
-        if self.world.state_reader is not None:
-            rollout.first_state = rollout.state = self.world.state_reader.read(frame[None])[0]
-        return rollout
+        return _Rollout(index, sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold,
+                        frame, frame.copy(), self._task(task, instruction), first_state, first_state)
 
     def _task(self, name: str, instruction: str) -> Task:
         if self.world.state_reader is None:
