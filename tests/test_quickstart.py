@@ -77,6 +77,11 @@ def test_the_quickstart_writes_its_report_and_runs_again_in_the_same_place(tmp_p
     summary = json.loads((out / "summary.json").read_text())
     rlvr = summary["sections"]["2. RLVR on the RT-1 video world model"]
     assert rlvr["grpo_steps"] == 2 and all(math.isfinite(rlvr[k]) for k in ("before_lpips", "after_lpips", "shipped_lpips"))
+    episode = summary["sections"]["3. The learned simulator as a Gymnasium env"]
+    assert episode["real_steps"] >= 1, "the real episode runs to its own end"
+    assert episode["sim_steps"] is None or episode["sim_steps"] <= episode["real_steps"]
+    assert episode["sim_reward"] in (0.0, 1.0), "the simulator pays 1 on the step it calls success, which ends it"
+    assert not episode["sim_reward"] or episode["sim_steps"] is not None
     policies = summary["sections"]["5. Policy evaluation: learned vs real"]
     assert set(policies) >= {"rt1-rlvr", "rt1-mle", "seconds"}
     assert all(-1.0 <= policies[m]["pearson"] <= 1.0 and 0.0 <= policies[m]["mmrv"] <= 1.0 for m in ("rt1-rlvr", "rt1-mle"))

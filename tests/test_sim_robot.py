@@ -88,8 +88,9 @@ def test_env_passes_gymnasium_and_sb3_checks(tiny_world):
     np.testing.assert_array_equal(env.render(), obs)
     obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
     np.testing.assert_array_equal(env.render(), obs)
-    assert set(info) >= {"success_prob", "is_success", "task", "instruction", "step"} and info["step"] == 1
-    assert reward == float(info["success_prob"] > 0.5) == float(terminated)
+    assert set(info) >= {"success_prob", "success_threshold", "is_success", "task", "instruction", "step"}
+    assert info["step"] == 1 and info["success_threshold"] == 0.5  # an uncalibrated checkpoint
+    assert reward == float(info["success_prob"] > 0.5) == float(terminated) == float(info["is_success"])
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -229,6 +229,7 @@ class _Simulator:
     def info(self, rollout: _Rollout) -> dict[str, Any]:
         info = {
             "success_prob": rollout.success_prob,
+            "success_threshold": rollout.threshold,
             "is_success": rollout.success_prob > rollout.threshold,
             "task": str(self.states.tasks[rollout.index]),
             "instruction": str(self.states.instructions[rollout.index]),
@@ -398,9 +399,9 @@ class RT1WorldEnv(gym.Env):
 
     ## Episode End
     Terminated when the predicted success probability exceeds that threshold; truncated after `horizon` steps.
-    `info`: `success_prob`, `is_success`, `task`, `instruction`, `step`, `initial_state` (the row),
-    `read_state` (with a state reader: object centres, drawer joint and target marker in metres, as read off the
-    frame) and `error` when the model's output could not be parsed (the last frame is repeated then).
+    `info`: `success_prob`, `success_threshold` (what it is compared with), `is_success`, `task`, `instruction`,
+    `step`, `initial_state` (the row), `read_state` (with a state reader: object centres, drawer joint and target
+    marker in metres, as read off the frame) and `error` when the model's output could not be parsed (the last frame is repeated then).
 
     ## Arguments
     - `checkpoint`: a world-model directory or shipped name (default "rt1-rlvr").
