@@ -495,6 +495,24 @@ def test_a_model_that_feeds_back_its_frames_counts_repeats_against_the_frames_it
     assert [s["repetition_rate"] for s in result["multi"]["per_step"][1:]] == pytest.approx(repeats.tolist())
 
 
+def test_the_benchs_tokens_only_model_decodes_without_the_refiner_and_leaves_the_model_as_it_was(tiny_world):
+    from bench.rt1_world_model import without_refiner
+
+    root, world_dir = tiny_world
+    world = RobotWorldModel.load(world_dir)
+    assert without_refiner(world) is None, "nothing to take away"
+    world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
+    plain = without_refiner(world)
+    assert plain.refiner is None and world.refiner is not None and plain.lm is world.lm
+    episode = load_episodes(root / "heldout")[0]
+    start, first = episode.frames[:2], episode.frames[:1].repeat(2, 0)
+    codes = world.encode(episode.frames[1:3], first)[:, None]
+    actions = episode.actions[:2, None]
+    tokens_only = plain.decode_rollout(codes, start, first, start, actions)
+    np.testing.assert_array_equal(tokens_only[:, 0], world.decode(codes[:, 0], first if world.context_frame == "first" else start))
+    assert not np.array_equal(world.decode_rollout(codes, start, first, start, actions), tokens_only)
+
+
 def test_half_precision_checkpoints_load_back_as_float32(tiny_world, tmp_path):
     _, world_dir = tiny_world
     world = RobotWorldModel.load(world_dir)
