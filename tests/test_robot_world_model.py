@@ -572,8 +572,12 @@ def test_motion_refiner_trains_on_the_models_predictions_resumes_and_travels_wit
     (root / "refiner_from_shards").mkdir()
     for r in range(2):
         np.savez(root / "refiner_from_shards" / f"predictions_{r}_of_2.npz", **{k: v[r::2] for k, v in saved.items()})
-    train_motion_refiner(RefinerConfig(**{**vars(config), "run_dir": str(root / "refiner_from_shards"), "steps": 1}))
+    train_motion_refiner(RefinerConfig(**{**vars(config), "run_dir": str(root / "refiner_from_shards"), "steps": 1,
+                                          "lpips_weight": 0.5}))
     assert not (root / "refiner_from_shards" / "predictions_0_of_1.npz").exists()
+    step = next(row for row in read_log(root / "refiner_from_shards") if "train/lpips" in row)
+    assert step["train/lpips"] > 0 and step["train/loss"] == pytest.approx(step["train/pixel_loss"] + 0.5 * step["train/lpips"])
+    assert all(row.get("train/lpips", 0.0) == 0.0 for row in read_log(root / "refiner")), "off by default"
     evals = [row for row in read_log(root / "refiner") if "eval/psnr_refined" in row]
     assert evals and {"eval/object_error_px_copy", "eval/psnr_decoded"} <= set(evals[-1])
     resumed = train_motion_refiner(RefinerConfig(**{**vars(config), "steps": 3, "resume": True}))

@@ -25,6 +25,7 @@ from rlvr_gym.data.episodes import STATE_NAMES, Episode, load_episodes
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import CONTEXT_FRAMES, FrameTokenizer, FrameTokenizerConfig
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
+from rlvr_gym.models.lpips import load_lpips
 from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig
 from rlvr_gym.models.state_reader import READ_NAMES, StateReader, StateReaderConfig, read_margin
 from rlvr_gym.models.robot_world_model import (
@@ -242,6 +243,9 @@ class RefinerConfig(RUN.RunConfig):
     refiner learns to draw it from the few pixels the last frame shows."""
     salient_weight: float = 10.0
     """Extra loss weight on saturated pixels of the target (objects, drawer front, target disc), as the tokenizer's."""
+    lpips_weight: float = 0.0
+    """Weight of LPIPS (the video reward's perceptual term) between the refined and the real frame, added to the
+    pixel loss: the refiner is deterministic and differentiable, so the reward's own gradient trains it."""
     width: int = 24
     """Conv width of the refiner's first stage (x2, x3 below); a multiple of 8."""
     bottleneck_blocks: int = 1
@@ -459,10 +463,14 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
         decoded = world.decode(next_codes, first if world.context_frame == "first" else last)
         run.model.train()
         refined = run.ddp_model(to_float(before), to_float(last), to_float(decoded), torch.as_tensor(actions).to(d.device))
-        loss = reconstruction_loss(refined, to_float(target), config.salient_weight)
+        target = to_float(target)
+        pixel_loss = reconstruction_loss(refined, target, config.salient_weight)
+        perceptual = load_lpips(d.device)(refined * 2 - 1, target * 2 - 1).mean() if config.lpips_weight else torch.zeros(())
+        loss = pixel_loss + config.lpips_weight * perceptual
         loss.backward()
         grad_norm = run.optimizer_step()
-        metrics = {"train/loss": loss.item(), "train/grad_norm": grad_norm,
+        metrics = {"train/loss": loss.item(), "train/pixel_loss": pixel_loss.item(), "train/lpips": perceptual.item(),
+                   "train/grad_norm": grad_norm,
                    "time/transitions_per_s": len(target) / (time.perf_counter() - started)}
         run.end_step(metrics, evaluate if held is not None else None, postfix=["train/loss"])
     final = run.finish()
