@@ -102,8 +102,8 @@ def main(out_dir: str = "runs/bench", mle: str = "rt1-mle", rlvr: str = "rt1-rlv
         "MLE + repetition rejection": evaluate_world_model(worlds["MLE"], data, horizon, choose=repetition_rejection(worlds["MLE"])),
         "RLVR": evaluate_world_model(worlds["RLVR"], data, horizon),
     }
-    # RLVR changes the transformer alone; the motion refiner after the decoder is trained by regression on each
-    # model's predictions. Without it, the frames are the tokens' own, as in RLVR-World.
+    # RLVR changes the transformer alone; the motion refiner after the decoder is trained on each model's own
+    # predictions (by regression, for the shipped ones). Without it the frames are the tokens' own, as in RLVR-World.
     for name in ("MLE", "RLVR"):
         tokens_only = without_refiner(worlds[name])
         if tokens_only is not None:
@@ -154,7 +154,8 @@ def markdown(report: dict) -> str:
         m, r = lines["MLE, tokens only"]["multi_lpips"], lines["RLVR, tokens only"]["multi_lpips"]
         g = (m - r) / m * 100
         tokens_only = (f"On the tokens' own frames (\"tokens only\": no motion refiner, RLVR-World's setting) RLVR's "
-                       f"multi-step LPIPS is {abs(g):.1f}% {'lower' if g >= 0 else 'higher'} than MLE's ({m:.4f} -> {r:.4f}).\n\n")
+                       f"multi-step LPIPS is {abs(g):.1f}% {'lower' if g >= 0 else 'higher'} than MLE's "
+                       f"({m:.4f} -> {r:.4f}).\n\n")
 
     def change(before: float, after: float) -> str:
         if after == 0:

@@ -212,7 +212,8 @@ def simulator_section(config: QuickstartConfig, out: Path) -> Section:
         f"{real_outcome}; the simulator {sim_outcome}. Top row real, bottom row imagined (the simulator's last frame "
         "stays once it has ended):\n\n![imagined episode](sim_episode.png)\n"
     )
-    headline = f"`{info['task']}`, expert actions: real env {real_outcome}, simulator {'success at step ' + str(sim_end) if total > 0 else 'no success'}"
+    verdict = f"success at step {sim_end}" if total > 0 else "no success"
+    headline = f"`{info['task']}`, expert actions: real env {real_outcome}, simulator {verdict}"
     numbers = {"task": info["task"], "real_steps": real_end, "sim_steps": sim_end, "sim_reward": total,
                "real_success": bool(real_info["success"])}
     return Section("3. The learned simulator as a Gymnasium env", body, headline, numbers)

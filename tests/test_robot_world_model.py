@@ -509,7 +509,8 @@ def test_the_benchs_tokens_only_model_decodes_without_the_refiner_and_leaves_the
     codes = world.encode(episode.frames[1:3], first)[:, None]
     actions = episode.actions[:2, None]
     tokens_only = plain.decode_rollout(codes, start, first, start, actions)
-    np.testing.assert_array_equal(tokens_only[:, 0], world.decode(codes[:, 0], first if world.context_frame == "first" else start))
+    context = first if world.context_frame == "first" else start
+    np.testing.assert_array_equal(tokens_only[:, 0], world.decode(codes[:, 0], context))
     assert not np.array_equal(world.decode_rollout(codes, start, first, start, actions), tokens_only)
 
 
@@ -576,7 +577,8 @@ def test_motion_refiner_trains_on_the_models_predictions_resumes_and_travels_wit
                                           "lpips_weight": 0.5}))
     assert not (root / "refiner_from_shards" / "predictions_0_of_1.npz").exists()
     step = next(row for row in read_log(root / "refiner_from_shards") if "train/lpips" in row)
-    assert step["train/lpips"] > 0 and step["train/loss"] == pytest.approx(step["train/pixel_loss"] + 0.5 * step["train/lpips"])
+    assert step["train/lpips"] > 0
+    assert step["train/loss"] == pytest.approx(step["train/pixel_loss"] + 0.5 * step["train/lpips"])
     assert all(row.get("train/lpips", 0.0) == 0.0 for row in read_log(root / "refiner")), "off by default"
     evals = [row for row in read_log(root / "refiner") if "eval/psnr_refined" in row]
     assert evals and {"eval/object_error_px_copy", "eval/psnr_decoded"} <= set(evals[-1])

@@ -401,7 +401,8 @@ class RT1WorldEnv(gym.Env):
     Terminated when the predicted success probability exceeds that threshold; truncated after `horizon` steps.
     `info`: `success_prob`, `success_threshold` (what it is compared with), `is_success`, `task`, `instruction`,
     `step`, `initial_state` (the row), `read_state` (with a state reader: object centres, drawer joint and target
-    marker in metres, as read off the frame) and `error` when the model's output could not be parsed (the last frame is repeated then).
+    marker in metres, as read off the frame) and `error` when the model's output could not be parsed (the last
+    frame is repeated then).
 
     ## Arguments
     - `checkpoint`: a world-model directory or shipped name (default "rt1-rlvr").

@@ -465,7 +465,9 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
         refined = run.ddp_model(to_float(before), to_float(last), to_float(decoded), torch.as_tensor(actions).to(d.device))
         target = to_float(target)
         pixel_loss = reconstruction_loss(refined, target, config.salient_weight)
-        perceptual = load_lpips(d.device)(refined * 2 - 1, target * 2 - 1).mean() if config.lpips_weight else torch.zeros(())
+        perceptual = torch.zeros(())
+        if config.lpips_weight:
+            perceptual = load_lpips(d.device)(refined * 2 - 1, target * 2 - 1).mean()
         loss = pixel_loss + config.lpips_weight * perceptual
         loss.backward()
         grad_norm = run.optimizer_step()
