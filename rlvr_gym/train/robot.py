@@ -986,7 +986,6 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     final = train_grpo(grpo, reward, examples, decode=None, allowed_tokens=R.rollout_allowed_tokens(config.horizon, world.frame_tokens))
     if d.is_main:
         world.lm = load_model(final)[0]
-        world_dir = world.save(out / "world_model")
-        shutil.copy2(RobotWorldModel.resolve(config.model) / "initial_states.npz", world_dir / "initial_states.npz")
+        save_with_initial_states(world, config.model, out / "world_model")
     RUN.barrier(d)
     return out / "world_model"
