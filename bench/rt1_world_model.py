@@ -148,14 +148,16 @@ def markdown(report: dict) -> str:
                "moving_repetition_rate": l["multi_moving_repetition_rate"], "frozen_rate": l["multi_frozen_rate"]}
               for name, l in lines.items()]
     mle, rl = lines["MLE"], lines["RLVR"]
-    gain = (mle["multi_lpips"] - rl["multi_lpips"]) / mle["multi_lpips"] * 100
+
+    def lpips_change(before: float, after: float) -> str:
+        gain = (before - after) / before * 100
+        return f"{abs(gain):.1f}% {'lower' if gain >= 0 else 'higher'}"
+
     tokens_only = ""
     if "MLE, tokens only" in lines and "RLVR, tokens only" in lines:
         m, r = lines["MLE, tokens only"]["multi_lpips"], lines["RLVR, tokens only"]["multi_lpips"]
-        g = (m - r) / m * 100
         tokens_only = (f"On the tokens' own frames (\"tokens only\": no motion refiner, RLVR-World's setting) RLVR's "
-                       f"multi-step LPIPS is {abs(g):.1f}% {'lower' if g >= 0 else 'higher'} than MLE's "
-                       f"({m:.4f} -> {r:.4f}).\n\n")
+                       f"multi-step LPIPS is {lpips_change(m, r)} than MLE's ({m:.4f} -> {r:.4f}).\n\n")
 
     def change(before: float, after: float) -> str:
         if after == 0:
@@ -167,7 +169,7 @@ def markdown(report: dict) -> str:
         f"{report['episodes']} fresh real episodes (collection seed {report['seed']}), greedy predictions unless stated.\n\n"
         "## Single step (teacher-forced history)\n\n" + markdown_table(single, digits=4) +
         f"\n\n## {h}-step rollouts (real actions spliced between generated frames)\n\n" + markdown_table(multi, digits=4) +
-        f"\n\nRLVR vs MLE: multi-step LPIPS {abs(gain):.1f}% {'lower' if gain >= 0 else 'higher'} (target: >= 5% lower), repetition rate "
+        f"\n\nRLVR vs MLE: multi-step LPIPS {lpips_change(mle['multi_lpips'], rl['multi_lpips'])} (target: >= 5% lower), repetition rate "
         f"{mle['multi_repetition_rate']:.3f} -> {rl['multi_repetition_rate']:.3f} ({change(mle['multi_repetition_rate'], rl['multi_repetition_rate'])}; target >= 3x lower) while the "
         f"real frames repeat at {first['multi_real_repetition_rate']:.3f}; false repetition (repeating where the real frame "
         f"changed) {mle['multi_false_repetition_rate']:.3f} -> {rl['multi_false_repetition_rate']:.3f} ({change(mle['multi_false_repetition_rate'], rl['multi_false_repetition_rate'])}); "

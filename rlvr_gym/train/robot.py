@@ -442,6 +442,7 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
     run = RUN.Run(config, "refiner", load=load_refiner_for_training)
     held = load_episodes(config.heldout) if config.heldout else None
     to_float = lambda x: FrameTokenizer.to_float(torch.as_tensor(x)).to(d.device)
+    lpips = load_lpips(d.device) if config.lpips_weight else None
 
     def evaluate() -> dict[str, float]:
         world.refiner = run.model
@@ -465,9 +466,7 @@ def train_motion_refiner(config: RefinerConfig) -> Path:
         refined = run.ddp_model(to_float(before), to_float(last), to_float(decoded), torch.as_tensor(actions).to(d.device))
         target = to_float(target)
         pixel_loss = reconstruction_loss(refined, target, config.salient_weight)
-        perceptual = torch.zeros(())
-        if config.lpips_weight:
-            perceptual = load_lpips(d.device)(refined * 2 - 1, target * 2 - 1).mean()
+        perceptual = lpips(refined * 2 - 1, target * 2 - 1).mean() if lpips is not None else torch.zeros(())
         loss = pixel_loss + config.lpips_weight * perceptual
         loss.backward()
         grad_norm = run.optimizer_step()
