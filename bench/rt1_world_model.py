@@ -57,13 +57,6 @@ def repetition_rejection(world: RobotWorldModel, tries: int = 4):
     return choose
 
 
-def without_refiner(world: RobotWorldModel) -> RobotWorldModel | None:
-    """The same world model decoding its codes without the motion refiner (None if it has none)."""
-    if world.refiner is None:
-        return None
-    return RobotWorldModel(world.lm, world.frame_tokenizer, world.settings, None, world.state_reader)
-
-
 def best_of_n_curve(world: RobotWorldModel, episodes, n_prompts: int = 32, seed: int = 0) -> list[dict]:
     """Single-step LPIPS of the best of the first N samples (chosen by -(L1 + LPIPS) to the real frame), N = 1..100."""
     data = tokenize_episodes(world, episodes)
@@ -103,11 +96,11 @@ def main(out_dir: str = "runs/bench", mle: str = "rt1-mle", rlvr: str = "rt1-rlv
         "RLVR": evaluate_world_model(worlds["RLVR"], data, horizon),
     }
     # RLVR changes the transformer alone; the motion refiner after the decoder is trained on each model's own
-    # predictions (by regression, for the shipped ones). Without it the frames are the tokens' own, as in RLVR-World.
+    # predictions (by regression, for the shipped ones), and the frames it shows are fed back. Tokens only, the
+    # frames are the codes' own and the codes are fed back, as in RLVR-World and in GRPO's rollouts.
     for name in ("MLE", "RLVR"):
-        tokens_only = without_refiner(worlds[name])
-        if tokens_only is not None:
-            results[f"{name}, tokens only"] = evaluate_world_model(tokens_only, data, horizon)
+        if worlds[name].refiner is not None or worlds[name].settings.context_from_frames:
+            results[f"{name}, tokens only"] = evaluate_world_model(worlds[name].tokens_only(), data, horizon)
     lines = {name: summary_line(r) for name, r in results.items()}
     curve = best_of_n_curve(worlds["MLE"], data)
     report = {"episodes": episodes, "seed": seed, "horizon": horizon, "lines": lines, "best_of_n": curve,
@@ -153,17 +146,25 @@ def markdown(report: dict) -> str:
         gain = (before - after) / before * 100
         return f"{abs(gain):.1f}% {'lower' if gain >= 0 else 'higher'}"
 
-    tokens_only = ""
-    if "MLE, tokens only" in lines and "RLVR, tokens only" in lines:
-        m, r = lines["MLE, tokens only"]["multi_lpips"], lines["RLVR, tokens only"]["multi_lpips"]
-        tokens_only = (f"On the tokens' own frames (\"tokens only\": no motion refiner, RLVR-World's setting) RLVR's "
-                       f"multi-step LPIPS is {lpips_change(m, r)} than MLE's ({m:.4f} -> {r:.4f}).\n\n")
-
     def change(before: float, after: float) -> str:
         if after == 0:
             return "none left" if before > 0 else "none either"
         ratio = before / after
         return f"{ratio:.1f}x lower" if ratio >= 1 else f"{1 / ratio:.1f}x higher"
+
+    tokens_only = ""
+    if "MLE, tokens only" in lines and "RLVR, tokens only" in lines:
+        m, r = lines["MLE, tokens only"], lines["RLVR, tokens only"]
+        tokens_only = (
+            f"On the tokens' own frames (\"tokens only\": no motion refiner, the generated codes fed back; RLVR-World's "
+            f"setting and the one GRPO trains in), RLVR vs MLE: multi-step LPIPS {lpips_change(m['multi_lpips'], r['multi_lpips'])} "
+            f"({m['multi_lpips']:.4f} -> {r['multi_lpips']:.4f}); repetition rate {m['repetition_rate']:.3f} -> "
+            f"{r['repetition_rate']:.3f} single-step ({change(m['repetition_rate'], r['repetition_rate'])}), "
+            f"{m['multi_repetition_rate']:.3f} -> {r['multi_repetition_rate']:.3f} multi-step "
+            f"({change(m['multi_repetition_rate'], r['multi_repetition_rate'])}); frames shown still where the real one "
+            f"moved {m['multi_frozen_rate']:.3f} -> {r['multi_frozen_rate']:.3f} "
+            f"({change(m['multi_frozen_rate'], r['multi_frozen_rate'])}).\n\n")
+
     return (
         "# RT-1 video world model\n\n"
         f"{report['episodes']} fresh real episodes (collection seed {report['seed']}), greedy predictions unless stated.\n\n"

@@ -476,6 +476,18 @@ def test_evaluation_reports_model_and_baselines(tiny_world):
         assert rejected[part]["model"]["repetition_rate"] <= result[part]["model"]["repetition_rate"]
 
 
+def test_eval_rt1_tokens_only_scores_the_transformers_own_frames(tiny_world, tmp_path):
+    from rlvr_gym.evaluation.robot import RT1EvalConfig, evaluate_world_model, fresh_episodes, run_rt1_eval, summary_line
+
+    _, world_dir = tiny_world
+    refined = with_random_refiner(RobotWorldModel.load(world_dir), context_from_frames=True).save(tmp_path / "refined")
+    config = RT1EvalConfig(checkpoint=str(refined), episodes=1, seed=5, horizon=2, env_horizon=5)
+    shown, own = run_rt1_eval(config), run_rt1_eval(RT1EvalConfig(**{**vars(config), "tokens_only": True}))
+    expected = summary_line(evaluate_world_model(RobotWorldModel.load(refined).tokens_only(), fresh_episodes(1, 5, 5), 2))
+    assert own == pytest.approx(expected, nan_ok=True)
+    assert own["lpips"] != shown["lpips"], "the refiner is left out"
+
+
 def test_a_model_that_feeds_back_its_frames_counts_repeats_against_the_frames_it_was_prompted_with(tiny_world):
     from rlvr_gym.evaluation.robot import (
         evaluate_world_model, multi_step_prompts, rollout_start, tokenize_episodes,
@@ -495,23 +507,26 @@ def test_a_model_that_feeds_back_its_frames_counts_repeats_against_the_frames_it
     assert [s["repetition_rate"] for s in result["multi"]["per_step"][1:]] == pytest.approx(repeats.tolist())
 
 
-def test_the_benchs_tokens_only_model_decodes_without_the_refiner_and_leaves_the_model_as_it_was(tiny_world):
-    from bench.rt1_world_model import without_refiner
-
+def test_tokens_only_decodes_without_the_refiner_feeds_back_the_generated_codes_and_leaves_the_model_as_it_was(tiny_world):
     root, world_dir = tiny_world
-    world = RobotWorldModel.load(world_dir)
-    assert without_refiner(world) is None, "nothing to take away"
-    world.refiner = MotionRefiner(MotionRefinerConfig(width=8)).eval()
-    plain = without_refiner(world)
-    assert plain.refiner is None and world.refiner is not None and plain.lm is world.lm
+    world = with_random_refiner(RobotWorldModel.load(world_dir), context_from_frames=True)
+    plain = world.tokens_only()
+    assert plain.refiner is None and plain.lm is world.lm and plain.frame_tokenizer is world.frame_tokenizer
+    assert world.refiner is not None and world.settings.context_from_frames, "the model itself is untouched"
+    assert not plain.settings.context_from_frames
+    assert plain.settings.success_thresholds == world.settings.success_thresholds
+
     episode = load_episodes(root / "heldout")[0]
-    start, first = episode.frames[:2], episode.frames[:1].repeat(2, 0)
-    codes = world.encode(episode.frames[1:3], first)[:, None]
-    actions = episode.actions[:2, None]
-    tokens_only = plain.decode_rollout(codes, start, first, start, actions)
-    context = first if world.context_frame == "first" else start
-    np.testing.assert_array_equal(tokens_only[:, 0], world.decode(codes[:, 0], context))
-    assert not np.array_equal(world.decode_rollout(codes, start, first, start, actions), tokens_only)
+    frames, actions = episode.frames, episode.actions
+    prompt = world.prompt(world.encode(frames[:2], frames[:1]), [False, False], actions[:2])
+    start = RolloutStart(frames[1:2], frames[:1], frames[:1], actions[1:2])
+    ours = plain.rollout([prompt], start, k=2, future_actions=[actions[2:3]])
+    assert np.array_equal(ours.context, ours.codes), "the generated codes go back into the prompt"
+    reference = frames[:1] if world.context_frame == "first" else frames[1:2]
+    np.testing.assert_array_equal(ours.frames[0, 0], world.decode(ours.codes[0, :1], reference)[0])
+    shown = world.rollout([prompt], start, k=2, future_actions=[actions[2:3]])
+    assert np.array_equal(ours.codes[0, 0], shown.codes[0, 0]), "the same transformer"
+    assert not np.array_equal(ours.frames[0, 0], shown.frames[0, 0]), "the refiner is left out"
 
 
 def test_half_precision_checkpoints_load_back_as_float32(tiny_world, tmp_path):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +152,13 @@ class RobotWorldModel:
         if refiner is not None and refiner.config.image_size != tok_config.image_size:
             raise CheckpointError(f"the motion refiner works on {refiner.config.image_size}px frames, the tokenizer's "
                                   f"are {tok_config.image_size}px")
+
+    def tokens_only(self) -> RobotWorldModel:
+        """The transformer and tokenizer alone, rolled out as RLVR-World rolls out and as GRPO trains it: frames
+        decoded from the codes without the motion refiner, and each frame's generated codes fed back into the prompt.
+        The comparison of RLVR with MLE on the transformer's own frames (`eval rt1 --tokens-only`)."""
+        settings = replace(self.settings, context_from_frames=False)
+        return RobotWorldModel(self.lm, self.frame_tokenizer, settings, None, self.state_reader)
 
     @property
     def frame_tokens(self) -> int:
