@@ -14,7 +14,7 @@ from rlvr_gym.models.robot_world_model import RobotWorldModel
 def test_shipped_robot_world_models_are_small_and_carry_a_card(name):
     path = SHIPPED_DIR / name
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    assert size <= 10 * 1024 * 1024, f"{name} is {size / 1e6:.1f} MB; the budget is 10 MB"
+    assert size <= 10 * 1024 * 1024, f"{name} is {size / 2**20:.2f} MiB; the budget is 10 MiB"
     card = (path / "CARD.md").read_text()
     for section in ("## Data", "## Commands", "## Held-out metrics", "rlvr-gym eval rt1"):
         assert section in card
@@ -38,7 +38,7 @@ def test_gym_make_works_right_after_install_with_the_rlvr_model():
 def test_shipped_language_world_models_are_small_fp16_with_start_states_and_a_card(name):
     path = SHIPPED_DIR / name
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    assert size <= 10 * 1024 * 1024, f"{name} is {size / 1e6:.1f} MB; the budget is 10 MB"
+    assert size <= 10 * 1024 * 1024, f"{name} is {size / 2**20:.2f} MiB; the budget is 10 MiB"
     card = (path / "CARD.md").read_text()
     for section in ("## Commands", "## Held-out metrics", "## Limits"):
         assert section in card
