@@ -37,7 +37,7 @@ def choose_gl_backend() -> str:
     With neither, egl is kept, and making the env raises an error that names the Debian packages to install.
     """
     # Without a GPU both render on Mesa's llvmpipe, whose worker threads cost more than they save on a 64x64 frame:
-    # rendering on the calling thread steps the tabletop 10-15% faster here, with the same pixels.
+    # rendering on the calling thread steps the tabletop about 10% faster here, with the same pixels.
     os.environ.setdefault("LP_NUM_THREADS", "0")
     if "MUJOCO_GL" not in os.environ and "mujoco" not in sys.modules:
         use_osmesa = not egl_device_available() and ctypes.util.find_library("OSMesa") is not None
