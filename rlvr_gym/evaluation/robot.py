@@ -35,6 +35,13 @@ def changed_mse(pred: np.ndarray, target: np.ndarray, prev: np.ndarray) -> float
     return float(np.nanmean(changed.numpy())) if torch.isfinite(changed).any() else math.nan
 
 
+def mean_of_defined(values: list[float]) -> float:
+    """Mean over the values that are not NaN, NaN (without numpy's empty-slice warning) when there are none: a metric that no
+    step of a small episode set defines, such as object error where nothing moved."""
+    values = np.asarray(values, dtype=float)
+    return float(np.nanmean(values)) if not np.isnan(values).all() else math.nan
+
+
 def object_errors(pred: np.ndarray, target: np.ndarray, since: np.ndarray) -> dict[str, float]:
     """Object error over the objects that moved since `since`: all of them, and those showing whole."""
     return {"object_error_px": object_position_error(pred, target, since),
@@ -169,7 +176,7 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
             "horizon": horizon,
             "n": len(prompts),
             "per_step": per_step,
-            "model": {k: float(np.nanmean([s[k] for s in per_step])) for k in keys},
+            "model": {k: mean_of_defined([s[k] for s in per_step]) for k in keys},
         }
     return result
 
