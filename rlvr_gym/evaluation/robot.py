@@ -36,8 +36,8 @@ def changed_mse(pred: np.ndarray, target: np.ndarray, prev: np.ndarray) -> float
 
 
 def mean_of_defined(values: list[float]) -> float:
-    """Mean over the values that are not NaN, NaN (without numpy's empty-slice warning) when there are none: a metric that no
-    step of a small episode set defines, such as object error where nothing moved."""
+    """Mean over the values that are not NaN; NaN, without numpy's empty-slice warning, when all are: a metric that
+    no step of a small episode set defines, such as object error where nothing moved."""
     values = np.asarray(values, dtype=float)
     return float(np.nanmean(values)) if not np.isnan(values).all() else math.nan
 
