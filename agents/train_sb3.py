@@ -28,6 +28,7 @@ from stable_baselines3 import DQN, PPO, SAC  # noqa: E402
 from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback  # noqa: E402
 from stable_baselines3.common.logger import configure  # noqa: E402
+from rlvr_gym.logs import configure_logging  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ def train(args: Args) -> dict:
 def main() -> None:
     import tyro
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging()
     print(json.dumps(train(tyro.cli(Args, description=__doc__))))
 
 

@@ -45,6 +45,7 @@ import torch
 from envs.web import TASKS, BrowserError, WebTaskEnv, parse, parse_action
 from envs.web.env import BROWSER_ERRORS
 from rlvr_gym.evaluation.web import check_disjoint_episodes, read_training_record
+from rlvr_gym.logs import configure_logging
 from rlvr_gym.sim.web import Prediction, WebWorldModel, candidate_actions, visible_words, words
 
 log = logging.getLogger(__name__)
@@ -319,5 +320,5 @@ def run_lookahead(config: LookaheadConfig, env: WebTaskEnv | None = None) -> dic
 if __name__ == "__main__":
     import tyro
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging()
     print(json.dumps(run_lookahead(tyro.cli(LookaheadConfig))))

@@ -24,7 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from rlvr_gym.data.bytesized32 import shared_data_dir
+from rlvr_gym.data.bytesized32 import data_dir
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.evaluation.textgame import TextGameEvalConfig, run_textgame_eval
 from rlvr_gym.models.lm import resolve_checkpoint
@@ -35,14 +35,15 @@ COLUMNS = ("accuracy", "accuracy_changed", "accuracy_unchanged", "parse_failure_
 
 def datasets(textworld: str) -> dict[str, str]:
     found = {}
-    valid = shared_data_dir() / "valid.jsonl.gz"
+    valid = data_dir() / "valid.jsonl.gz"
     if valid.is_file():
         found["ByteSized32 valid"] = str(valid)
     if Path(textworld).is_file():
         found["TextWorld held-out games"] = textworld
     if not found:
         raise FileNotFoundError(
-            f"neither {valid} nor {textworld} exists: point RLVR_GYM_SHARED at the shared data or collect held-out "
+            f"neither {valid} nor {textworld} exists: install the ByteSized32 data (`rlvr-gym data "
+            "bytesized32 --source DIR`, or set RLVR_GYM_BYTESIZED32) or collect held-out "
             "games with `rlvr-gym collect textworld --seed 1000000 --games 30 --out runs/textworld/heldout`"
         )
     return found

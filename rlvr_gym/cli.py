@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import os
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from rlvr_gym.logs import configure_logging  # noqa: E402
 
 
 # Command words -> (module, config dataclass, function taking it, one-line help). Modules are imported only for
@@ -21,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "demo": ("rlvr_gym.train.demo", "DemoConfig", "run_demo", "SFT then GRPO on the sort-digits task: the trainer's proof that it learns"),
     "collect rt1": ("rlvr_gym.data.episodes", "CollectConfig", "collect",
                     "record episodes of the MuJoCo tabletop under scripted and random policies"),
+    "data bytesized32": ("rlvr_gym.data.bytesized32", "DataConfig", "install_data",
+                         "check and install the ByteSized32 data where the text-game commands find it"),
     "import rt1": ("rlvr_gym.data.rlds", "ImportConfig", "import_rt1",
                    "convert Open X-Embodiment RT-1 RLDS TFRecords into episode shards (no TensorFlow)"),
     "train tokenizer": ("rlvr_gym.train.robot", "TokenizerConfig", "train_frame_tokenizer",
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     import tyro
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging()
     # The longest run of leading words that names a command ("train textgame-sft" before "train").
     for n in range(min(3, len(argv)), 0, -1):
         name = " ".join(argv[:n])

@@ -113,6 +113,16 @@ def test_envs_pass_gymnasium_and_sb3_checkers(untrained):
     sb3_check_env(WebDiscreteEnv(WebWorldEnv(untrained, max_new_tokens=16)))
 
 
+def test_observation_space_is_the_pages_charset_and_other_characters_become_u_fffd(untrained):
+    env = WebWorldEnv(untrained, max_new_tokens=16)
+    assert len(str(env.observation_space)) < 300  # printing the space does not print a charset of 64k characters
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.contains(obs) and "\ufffd" not in obs  # real MiniWoB++ pages are ASCII
+    env.tree += "\n[99] StaticText 'caf\u00e9 \u2603 \U0001f600'"
+    obs = env._observation()
+    assert env.observation_space.contains(obs) and obs.endswith("[99] StaticText 'caf\ufffd \ufffd \ufffd'")
+
+
 def test_refused_actions_leave_the_page_and_say_why(untrained):
     env = WebWorldEnv(untrained, max_steps=3, max_new_tokens=16)
     obs, info = env.reset(seed=0)

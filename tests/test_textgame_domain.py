@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlvr_gym.data.bytesized32 import Transition, load_transitions, shared_data_dir
+from rlvr_gym.data.bytesized32 import (
+    DATA_ENV_VAR, DataConfig, Transition, data_dir, install_data, installed_data_dir, load_transitions,
+)
 from rlvr_gym.domains import textgame as tg
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bytesized32_small.jsonl"
@@ -109,11 +111,37 @@ def test_importer_missing_file_says_what_to_pass(tmp_path):
         load_transitions(tmp_path / "nope.jsonl")
 
 
-def test_shared_data_dir_follows_env_var(monkeypatch, tmp_path):
-    monkeypatch.setenv("RLVR_GYM_SHARED", str(tmp_path))
-    assert shared_data_dir() == tmp_path / "data" / "bytesized32"
-    monkeypatch.delenv("RLVR_GYM_SHARED")
-    assert shared_data_dir().parts[-3:] == ("shared", "data", "bytesized32")
+def test_data_dir_follows_its_env_var_then_the_installed_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv(DATA_ENV_VAR, str(tmp_path / "mine"))
+    assert data_dir() == tmp_path / "mine"
+    monkeypatch.delenv(DATA_ENV_VAR)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("RLVR_GYM_SHARED", str(tmp_path / "no-shared"))
+    assert data_dir() == installed_data_dir() == tmp_path / "xdg" / "rlvr-gym" / "bytesized32"
+    with pytest.raises(FileNotFoundError, match=f"{DATA_ENV_VAR}.*rlvr-gym data bytesized32"):
+        load_transitions(data_dir() / "train.jsonl.gz")
+
+
+def test_data_command_checks_and_installs_the_files_every_command_then_finds(monkeypatch, tmp_path):
+    monkeypatch.delenv(DATA_ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("RLVR_GYM_SHARED", str(tmp_path / "no-shared"))
+    source = tmp_path / "source"
+    source.mkdir()
+    with pytest.raises(FileNotFoundError, match="train.jsonl.gz or valid.jsonl.gz"):
+        install_data(DataConfig(source=str(source)))
+    lines = FIXTURE.read_text().splitlines()
+    for name, n in (("train.jsonl.gz", 3), ("valid.jsonl.gz", 2)):
+        with gzip.open(source / name, "wt") as f:
+            f.write("\n".join(lines[:n]) + "\n")
+    assert install_data(DataConfig(source=str(source)))["train.jsonl.gz"] == 3
+    assert data_dir() == tmp_path / "xdg" / "rlvr-gym" / "bytesized32"
+    assert len(load_transitions(data_dir() / "valid.jsonl.gz")) == 2
+    with gzip.open(source / "valid.jsonl.gz", "wt") as f:
+        f.write("{not json\n")
+    with pytest.raises(ValueError, match="valid.jsonl.gz:1"):
+        install_data(DataConfig(source=str(source)))
+    assert len(load_transitions(data_dir() / "valid.jsonl.gz")) == 2  # a bad source leaves the installed data
 
 
 # ---- changed / unchanged ----
@@ -473,7 +501,7 @@ def test_balance_samples_to_ratio():
 
 # ---- real shared data (skipped when absent) ----
 
-VALID = shared_data_dir() / "valid.jsonl.gz"
+VALID = data_dir() / "valid.jsonl.gz"
 needs_shared = pytest.mark.skipif(not VALID.is_file(), reason=f"shared ByteSized32 data not found at {VALID}")
 
 

@@ -1,7 +1,7 @@
 """Scripted policies for the tabletop tasks, with a skill knob that makes a ladder of policies.
 
 A policy reads the true state from `info` (not the frame) and returns RT-1's 7-d action. Skill 1 is the
-expert (100% on 150 seeds of each task). Lower skill adds, with d = 1 - skill: Gaussian action noise of
+expert (59-60 of 60 seeds per task under the locked MuJoCo). Lower skill adds, with d = 1 - skill: Gaussian action noise of
 std 0.2 d; a delay (1-3 steps holding still) starting with probability 0.4 d per step; and, once per
 episode with probability 0.6 d, a wrong target: the drawer moved the wrong way, the wrong object pushed
 onto the target, or the object pushed near the wrong one. Measured success (30 seeds per cell, see

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
+DATA_ENV_VAR = "RLVR_GYM_BYTESIZED32"
+SPLIT_FILES = ("train.jsonl.gz", "valid.jsonl.gz")
 _RECORD_KEYS = ("game", "state_id", "current_state", "action_state", "tick_state", "current_score_state", "next_score_state")
 _OBJECT_FIELDS = {"name": str, "uuid": int, "type": str, "properties": dict, "contains": list}
 
@@ -38,17 +44,61 @@ class Transition:
     """state after the action and one world tick, same schema as `current`"""
 
 
-def shared_data_dir() -> Path:
-    """The ByteSized32 data folder: `$RLVR_GYM_SHARED/data/bytesized32`, by default `../shared` next to the repo."""
+def installed_data_dir() -> Path:
+    """Where `rlvr-gym data bytesized32` puts the data: `$XDG_DATA_HOME/rlvr-gym/bytesized32` (~/.local/share)."""
+    root = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(root) / "rlvr-gym" / "bytesized32"
+
+
+def data_dir() -> Path:
+    """The ByteSized32 folder (train.jsonl.gz, valid.jsonl.gz): `$RLVR_GYM_BYTESIZED32` when set; else the folder
+    `rlvr-gym data bytesized32` installed; else `$RLVR_GYM_SHARED/data/bytesized32`, by default the `shared/` checkout
+    beside the repository. With none present, the installed folder, whose absence `load_transitions` explains."""
+    if os.environ.get(DATA_ENV_VAR):
+        return Path(os.environ[DATA_ENV_VAR])
     shared = os.environ.get("RLVR_GYM_SHARED") or Path(__file__).resolve().parents[2].parent / "shared"
-    return Path(shared) / "data" / "bytesized32"
+    for candidate in (installed_data_dir(), Path(shared) / "data" / "bytesized32"):
+        if all((candidate / name).is_file() for name in SPLIT_FILES):
+            return candidate
+    return installed_data_dir()
+
+
+@dataclass
+class DataConfig:
+    """Install the ByteSized32 state-prediction data where every command finds it."""
+
+    source: str
+    """a folder holding train.jsonl.gz and valid.jsonl.gz (ByteSized32-State-Prediction, as in the repository's
+    `shared/data/bytesized32`)"""
+    dest: str = ""
+    """where to put them; empty: `installed_data_dir()`"""
+
+
+def install_data(config: DataConfig) -> dict[str, Any]:
+    """Check that every file of `config.source` reads as ByteSized32 records, then copy them to `config.dest`."""
+    source, dest = Path(config.source), Path(config.dest) if config.dest else installed_data_dir()
+    missing = [name for name in SPLIT_FILES if not (source / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{source} has no {' or '.join(missing)}: pass the folder of the ByteSized32 "
+                                f"state-prediction data, which holds {' and '.join(SPLIT_FILES)}")
+    counts = {name: len(load_transitions(source / name)) for name in SPLIT_FILES}
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in SPLIT_FILES:
+        partial = dest / f".{name}.partial"
+        shutil.copyfile(source / name, partial)
+        partial.replace(dest / name)
+    log.info("installed %s into %s", ", ".join(f"{n} ({c} transitions)" for n, c in counts.items()), dest)
+    return {"dest": str(dest), **{name: count for name, count in counts.items()}}
 
 
 def load_transitions(path: str | os.PathLike) -> list[Transition]:
     """Read a plain or gzipped (`.gz`) JSONL file of ByteSized32 records; a bad record raises naming file and line."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file; pass a ByteSized32 .jsonl or .jsonl.gz file (see shared_data_dir())")
+        raise FileNotFoundError(
+            f"{path}: no such file. Pass a ByteSized32 .jsonl or .jsonl.gz file (--data), point ${DATA_ENV_VAR} at a "
+            f"folder holding {' and '.join(SPLIT_FILES)}, or install that folder once with "
+            "`rlvr-gym data bytesized32 --source DIR`")
     opener = gzip.open if path.name.endswith(".gz") else open
     transitions = []
     with opener(path, "rt", encoding="utf-8") as f:

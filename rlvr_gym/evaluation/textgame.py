@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from rlvr_gym.data.bytesized32 import Transition, load_transitions, shared_data_dir
+from rlvr_gym.data.bytesized32 import Transition, data_dir, load_transitions
 from rlvr_gym.domains.textgame import accuracy_table, format_prompt, no_change_predictions, task_reward
 from rlvr_gym.models.lm import CheckpointError, load_model, pick_device, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
@@ -100,7 +100,7 @@ def subsample(transitions: Sequence[Transition], limit: int, seed: int) -> list[
 
 @dataclass
 class TextGameEvalConfig:
-    data: str = field(default_factory=lambda: str(shared_data_dir() / "valid.jsonl.gz"))
+    data: str = field(default_factory=lambda: str(data_dir() / "valid.jsonl.gz"))
     """ByteSized32-format JSONL(.gz) of transitions to evaluate on (default: the shared valid split)."""
     checkpoint: str = "runs/textgame/sft/final"
     """Model to evaluate: a shipped checkpoint name or a Hugging Face directory with its tokenizer."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +44,11 @@ START_SEEDS = tuple(range(2_000_000, 2_000_008))
 `eval web` collects fresh episodes from this block by default, which is harmless: start pages are not trained on)."""
 MAX_TEXT_CHARS = 1 << 20
 MAX_ACTION_CHARS = 1024
-# Basic Multilingual Plane minus surrogates: every character a page or a decoded completion holds (other characters
-# in a completion become U+FFFD), so observations always lie in the Text space.
-TEXT_CHARSET = "".join(chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF)
+REPLACEMENT_CHAR = "\ufffd"
+TEXT_CHARSET = string.ascii_letters + string.digits + string.punctuation + " \t\n" + REPLACEMENT_CHAR
+"""What MiniWoB++'s pages and utterances are written in (ASCII: the shipped start pages and every task's HTML hold no
+other character), plus U+FFFD, which stands in for any other character a page or a decoded completion holds, so
+observations always lie in the Text space."""
 CLICK_ROLES = frozenset({
     "button", "link", "textbox", "searchbox", "combobox", "checkbox", "radio", "tab", "option", "menuitem",
     "listitem", "image", "StaticText", "cell", "gridcell", "switch", "treeitem", "heading",
@@ -53,7 +56,7 @@ CLICK_ROLES = frozenset({
 TEXT_FIELD_ROLES = frozenset({"textbox", "searchbox", "combobox"})
 _QUOTED = re.compile(r'"([^"]+)"')
 _WORD = re.compile(r"[a-z0-9]+")
-_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+_OUTSIDE_CHARSET = re.compile(f"[^{re.escape(TEXT_CHARSET)}]")
 
 
 # ---------------------------------------------------------------------------------------------------- start pages
@@ -149,9 +152,14 @@ def candidate_actions(utterance: str, tree: str) -> list[str]:
     return actions
 
 
+def in_charset(text: str) -> str:
+    """`text` with every character outside `TEXT_CHARSET` replaced by U+FFFD."""
+    return _OUTSIDE_CHARSET.sub(REPLACEMENT_CHAR, text)
+
+
 def observation_text(utterance: str, tree: str) -> str:
     """The env's observation: the task line, then the tree (the model's prompt without the action)."""
-    return f"Task: {utterance}\n{tree}"
+    return in_charset(f"Task: {utterance}\n{tree}")
 
 
 def check_action(action: str, tree: str) -> str | None:
@@ -242,7 +250,7 @@ class WebWorldModel:
             completions = sample_texts(self.model, self.tokenizer, [p for _, p in fits], self.batch_size,
                                        self.max_new_tokens, temperature=self.temperature, seed=seed)  # fmt: skip
             for (i, _), (text,) in zip(fits, completions):
-                out[i] = self._outcome(actions[i], utterance, tree, _ASTRAL.sub("\ufffd", text))
+                out[i] = self._outcome(actions[i], utterance, tree, text)
         return out  # type: ignore[return-value]
 
     @staticmethod

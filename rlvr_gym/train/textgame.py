@@ -30,7 +30,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from rlvr_gym.data.bytesized32 import Transition, load_transitions, shared_data_dir
+from rlvr_gym.data.bytesized32 import Transition, data_dir, load_transitions
 from rlvr_gym.domains.textgame import (
     balance,
     binary_reward,
@@ -130,11 +130,11 @@ def encode_examples(
 
 
 def default_train_data() -> str:
-    return str(shared_data_dir() / "train.jsonl.gz")
+    return str(data_dir() / "train.jsonl.gz")
 
 
 def default_valid_data() -> str:
-    return str(shared_data_dir() / "valid.jsonl.gz")
+    return str(data_dir() / "valid.jsonl.gz")
 
 
 def textworld_file(directory: str | os.PathLike) -> Path:

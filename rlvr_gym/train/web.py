@@ -62,6 +62,7 @@ from envs.web.solvers import EXPERTS
 from envs.web.tree import normalise_tree
 from rlvr_gym.domains.web import web_reward
 from rlvr_gym.evaluation.textgame import load_tokenizer
+from rlvr_gym.logs import configure_logging
 from rlvr_gym.evaluation.web import (
     TRAINING_RECORD,
     check_disjoint_episodes,
@@ -295,7 +296,7 @@ _worker_recorder: _Recorder | None = None
 
 def _init_worker(max_steps: int) -> None:
     global _worker_recorder
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(logging.WARNING)
     _worker_recorder = _Recorder(max_steps)
     # Quit the worker's browser when the pool shuts the worker down (multiprocessing runs these finalizers on exit).
     Finalize(_worker_recorder, _worker_recorder.close, exitpriority=10)
