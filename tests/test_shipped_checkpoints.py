@@ -1,13 +1,20 @@
 """The world models shipped inside the package: present, small, documented, and what `gym.make` uses by default."""
 
+import json
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from packaging.version import Version
 
 import rlvr_gym  # noqa: F401  (registers the env ids)
 from rlvr_gym.models.lm import SHIPPED_DIR
 from rlvr_gym.models.robot_world_model import RobotWorldModel
+from rlvr_gym.sim.real_env_versions import (
+    REAL_ENV_FILE, REAL_ENV_PACKAGES, check_real_env_versions, read_real_env_versions, write_real_env_versions,
+)
 
 
 @pytest.mark.parametrize("name", ["rt1-mle", "rt1-rlvr"])
@@ -57,3 +64,29 @@ def test_language_envs_work_right_after_install_with_the_rlvr_models(env_id):
     assert again.step(again_info["candidates"][0])[0] == steps[0][0], "same seed, same rollout"
     obs, reward, terminated, truncated, info = steps[0]
     assert isinstance(reward, float) and isinstance(terminated, bool) and "error" in info
+
+
+@pytest.mark.parametrize("name", ["rt1-mle", "rt1-rlvr", "textgame-sft", "textgame-rlvr", "web-sft", "web-rlvr"])
+def test_every_shipped_checkpoint_records_its_real_env_and_loads_without_a_version_warning(name):
+    domain = name.split("-")[0]
+    record = read_real_env_versions(SHIPPED_DIR / name)
+    assert record is not None and record["domain"] == domain
+    assert set(record["trained_on"]) == set(REAL_ENV_PACKAGES[domain]) == set(record["scored_on"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the lock installs the major releases the shipped models learned
+        check_real_env_versions(SHIPPED_DIR / name, domain)
+
+
+def test_loading_a_checkpoint_of_another_major_release_warns_once(tmp_path):
+    write_real_env_versions(tmp_path, "rt1")
+    record = json.loads((tmp_path / REAL_ENV_FILE).read_text())
+    installed = Version(record["trained_on"]["mujoco"])
+    record["trained_on"]["mujoco"] = f"{installed.major + 1}.0.0"
+    (tmp_path / REAL_ENV_FILE).write_text(json.dumps(record))
+    with pytest.warns(RuntimeWarning, match=f"learned mujoco {installed.major + 1}.0.0.*requirements.lock"):
+        check_real_env_versions(tmp_path, "rt1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_real_env_versions(tmp_path, "rt1")  # once per checkpoint
+    (tmp_path / REAL_ENV_FILE).write_text("{corrupt")
+    check_real_env_versions(tmp_path, "rt1")  # a checkpoint without a readable record loads as before

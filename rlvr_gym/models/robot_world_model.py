@@ -247,6 +247,8 @@ class RobotWorldModel:
         """Write this model as a shipped checkpoint (fp16) under rlvr_gym/checkpoints/NAME with its card and states."""
         target = self.save(SHIPPED_DIR / name, dtype=torch.float16)
         shutil.copy2(Path(source_dir) / "initial_states.npz", target / "initial_states.npz")
+        if (Path(source_dir) / "real_env.json").is_file():  # the real-env releases the initial states came from
+            shutil.copy2(Path(source_dir) / "real_env.json", target / "real_env.json")
         (target / "CARD.md").write_text(card)
         return target
 

@@ -28,6 +28,7 @@ from rlvr_gym.models.lm import CheckpointError
 from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
 from rlvr_gym.models.sampler import SamplingConfig
 from rlvr_gym.models.state_reader import READ_NAMES, success_probability
+from rlvr_gym.sim.real_env_versions import check_real_env_versions, write_real_env_versions
 
 INITIAL_STATES = "initial_states.npz"
 IMAGE_SHAPE = (64, 64, 3)
@@ -83,6 +84,7 @@ def save_initial_states(world_dir: str | os.PathLike, episodes: Sequence[Episode
         seeds=np.array([e.seed for e in chosen], dtype=np.int64),
     )
     os.replace(tmp, path)
+    write_real_env_versions(world_dir, "rt1")
     return path
 
 
@@ -107,6 +109,7 @@ def load_initial_states(world_dir: str | os.PathLike) -> InitialStates:
         kind = "i" if name == "seeds" else "U"
         if array.shape != (n,) or array.dtype.kind != kind:
             raise CheckpointError(f"{path}: {name} must be a ({n},) {'int' if kind == 'i' else 'unicode'} array, got {array.dtype} {array.shape}")
+    check_real_env_versions(world_dir, "rt1")
     return states
 
 

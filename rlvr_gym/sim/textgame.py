@@ -33,6 +33,7 @@ from rlvr_gym.evaluation.textgame import checked_tokenizer
 from rlvr_gym.models.lm import CheckpointError, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
+from rlvr_gym.sim.real_env_versions import check_real_env_versions, write_real_env_versions
 
 if TYPE_CHECKING:
     from envs.textworld import TextWorldGame
@@ -120,6 +121,7 @@ def write_start_states(
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"textworld_version": textworld.__version__, "start_states": [asdict(s) for s in starts]}))
     os.replace(tmp, path)
+    write_real_env_versions(checkpoint_dir, "textgame")
     return path
 
 
@@ -143,6 +145,7 @@ def load_start_states(checkpoint: str | os.PathLike) -> list[StartState]:
         if not isinstance(objects, list) or not objects or not all(_is_object(o) for o in objects) \
                 or any(f not in s.state for f in ("score", "gameOver", "gameWon")):
             raise CheckpointError(f"{path}: start state {i} is not a state in the object schema; write it again with write_start_states")
+    check_real_env_versions(path.parent, "textgame")
     return starts
 
 

@@ -35,6 +35,7 @@ from rlvr_gym.evaluation.web import encode_prompts
 from rlvr_gym.models.lm import CheckpointError, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
+from rlvr_gym.sim.real_env_versions import check_real_env_versions, write_real_env_versions
 
 START_PAGES = "web_start_pages.json"
 START_PAGES_FORMAT, START_PAGES_VERSION = "rlvr-gym-web-start-pages", 1
@@ -106,6 +107,7 @@ def write_start_pages(
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps({"format": START_PAGES_FORMAT, "version": START_PAGES_VERSION, "pages": pages}))
     os.replace(tmp, path)
+    write_real_env_versions(directory, "web")
     return path
 
 
@@ -127,6 +129,7 @@ def load_start_pages(checkpoint: str | os.PathLike) -> list[StartPage]:
         raise CheckpointError(f"{path} is not a start-page file of this version ({error}): {fix}") from None
     if not pages:
         raise CheckpointError(f"{path} holds no pages: {fix}")
+    check_real_env_versions(path.parent, "web")
     return pages
 
 
@@ -286,8 +289,9 @@ class WebWorldEnv(gym.Env):
     `Text` action and requires that it does not truncate.) A non-string action raises ValueError.
 
     ## Observation Space
-    `Text`: `Task: <utterance>` and the accessibility tree, one line per element (`[id] role 'name' props`,
-    tab-indented), as the model's prompt shows them.
+    `Text(2**20, charset=TEXT_CHARSET)`: `Task: <utterance>` and the accessibility tree, one line per element
+    (`[id] role 'name' props`, tab-indented), as the model's prompt shows them. The charset is printable ASCII, tab
+    and newline (what MiniWoB++ pages are written in), and U+FFFD, which stands in for any other character.
 
     ## Rewards
     The predicted MiniWoB raw reward, clipped to [-1, 1] (the real env's range: 1 success, -1 failure, 0 before

@@ -32,6 +32,7 @@ from rlvr_gym.models.robot_world_model import (
     RobotWorldModel, RolloutStart, WorldModelSettings, load_frame_tokenizer, load_motion_refiner, load_state_reader,
     predict_in_batches,
 )
+from rlvr_gym.sim.real_env_versions import REAL_ENV_FILE
 from rlvr_gym.sim.robot import balanced_accuracy, save_initial_states
 from rlvr_gym.train import run as RUN
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
@@ -200,9 +201,9 @@ def save_with_initial_states(world: RobotWorldModel, source: str | os.PathLike, 
     """Save `world` (the model loaded from `source` with a network trained or replaced) to `out`, with the initial
     states of `source`, so that the learned env can start from it."""
     world.to("cpu").save(out)
-    states = RobotWorldModel.resolve(source) / "initial_states.npz"
-    if states.is_file():
-        shutil.copy2(states, out / "initial_states.npz")
+    for name in ("initial_states.npz", REAL_ENV_FILE):
+        if (RobotWorldModel.resolve(source) / name).is_file():
+            shutil.copy2(RobotWorldModel.resolve(source) / name, out / name)
     return out
 
 
