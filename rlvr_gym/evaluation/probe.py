@@ -1,0 +1,276 @@
+"""Does a learned simulator pay out success that the real env never gives? (the exploit probe)
+
+    rlvr-gym probe rt1 --checkpoint rt1-rlvr
+    rlvr-gym probe textgame --checkpoint textgame-rlvr
+    rlvr-gym probe web --checkpoint web-rlvr
+
+A fixed set of trivial and adversarial policies runs in the learned and in the real env from the same start states:
+doing nothing, uniform random actions, and for the tabletop one constant full-scale action per axis and sign; for
+text games the same command repeated and always the candidate list's first entry; for web pages clicking the last
+button and submitting with nothing filled. None of them does the task on purpose, so success the learned env pays
+them and the real env does not is success an optimising agent would learn to collect. Per policy: learned success,
+real success, and false success = max(0, learned - real). The RT-1 policies are open loop, so both envs get the
+same actions; the text and web policies read each env's own state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from rlvr_gym.evaluation.report import markdown_table
+
+AXES = ("x", "y", "z", "roll", "pitch", "yaw", "gripper")
+"""RT-1's seven action dimensions: world_vector, rotation_delta, gripper_closedness."""
+
+
+@dataclass
+class ProbeConfig:
+    checkpoint: str = ""
+    """World model with its start states: a shipped name or a directory; empty: the domain's default env checkpoint."""
+    starts: int = 6
+    """Start states per task (RT-1, web) or in all (text)."""
+    steps: int = 0
+    """Steps per episode in both envs; 0: the domain's default (50 tabletop, 30 text, 5 web)."""
+    seed: int = 0
+    """Seeds the random policy and the learned env."""
+    out: str = ""
+    """Directory for probe.json and probe.md; empty: runs/probe/<domain>-<checkpoint name>."""
+
+
+def summarize(domain: str, checkpoint: str, learned: dict[str, list[bool]], real: dict[str, list[bool]]) -> dict:
+    """Per policy: episodes, learned and real success rates, false success; then their mean and maximum."""
+    rows = []
+    for name in learned:
+        l, r = float(np.mean(learned[name])), float(np.mean(real[name]))
+        rows.append({"policy": name, "episodes": len(learned[name]), "learned_success": l, "real_success": r,
+                     "false_success": max(0.0, l - r)})
+    false = [row["false_success"] for row in rows]
+    return {"domain": domain, "checkpoint": str(checkpoint), "policies": rows,
+            "mean_false_success": float(np.mean(false)), "max_false_success": float(np.max(false))}
+
+
+def write_report(result: dict, config: ProbeConfig) -> dict:
+    out = Path(config.out or Path("runs/probe") / f"{result['domain']}-{Path(result['checkpoint']).name}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe.json").write_text(json.dumps({"config": vars(config), **result}, indent=2))
+    title = f"# Exploit probe: {result['domain']}, {Path(result['checkpoint']).name}\n\n"
+    summary = (f"Mean false success {result['mean_false_success']:.3f}, "
+               f"largest {result['max_false_success']:.3f} (learned success the real env did not give).\n\n")
+    (out / "probe.md").write_text(title + summary + markdown_table(result["policies"], digits=3) + "\n")
+    return {**result, "out": str(out)}
+
+
+# ---------------------------------------------------------------------------------------------------- RT-1
+
+
+def rt1_probe_actions(horizon: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The open-loop policies as (horizon, 7) action sequences: no-op, uniform random, and +-1 on each axis alone."""
+    actions = {"no-op": np.zeros((horizon, 7), np.float32),
+               "uniform-random": rng.uniform(-1, 1, (horizon, 7)).astype(np.float32)}
+    for axis, name in enumerate(AXES):
+        for sign in (1.0, -1.0):
+            constant = np.zeros((horizon, 7), np.float32)
+            constant[:, axis] = sign
+            actions[f"{'+' if sign > 0 else '-'}{name}"] = constant
+    return actions
+
+
+def probe_rt1(config: ProbeConfig) -> dict:
+    """The probe in the MuJoCo tabletop and RLVRWorld-RT1-v0 from the checkpoint's initial states."""
+    from gymnasium.vector import AutoresetMode
+
+    from envs.robot import RealRT1Env
+    from rlvr_gym.evaluation.policies import Job, learned_rollouts, real_rollout, select_rows
+    from rlvr_gym.models.robot_world_model import RobotWorldModel
+    from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON, RT1WorldVectorEnv, load_initial_states
+
+    torch.set_num_threads(1)
+    checkpoint = config.checkpoint or DEFAULT_CHECKPOINT
+    horizon = config.steps or DEFAULT_HORIZON
+    states = load_initial_states(RobotWorldModel.resolve(checkpoint))
+    rows = select_rows(states, None, config.starts)
+    real_envs = {task: RealRT1Env(task=task, horizon=horizon) for task in sorted(set(states.tasks[rows].tolist()))}
+    learned: dict[str, list[bool]] = {}
+    real: dict[str, list[bool]] = {}
+    jobs, names = [], []
+    for row in tqdm(rows, desc="real env", unit="state", leave=False):
+        env_seed = int(states.seeds[row])
+        rng = np.random.default_rng([config.seed, env_seed])
+        for name, actions in rt1_probe_actions(horizon, rng).items():
+            steps = iter(actions)
+            outcome = real_rollout(real_envs[str(states.tasks[row])], env_seed, lambda _frame, _info: next(steps),
+                                   expected_frame=states.frames[row])
+            real.setdefault(name, []).append(outcome.success)
+            jobs.append(Job(int(row), actions=actions))
+            names.append(name)
+    for env in real_envs.values():
+        env.close()
+    venv = RT1WorldVectorEnv(num_envs=min(32, len(jobs)), checkpoint=checkpoint, horizon=horizon,
+                             autoreset_mode=AutoresetMode.DISABLED)
+    for name, (success, _, _) in zip(names, learned_rollouts(venv, jobs, config.seed)):
+        learned.setdefault(name, []).append(success)
+    venv.close()
+    return write_report(summarize("rt1", checkpoint, learned, real), config)
+
+
+# ---------------------------------------------------------------------------------------------------- text game
+
+
+def _default_game_dir() -> str:
+    from envs.textworld import DEFAULT_GAME_DIR
+
+    return str(DEFAULT_GAME_DIR)
+
+
+@dataclass
+class TextProbeConfig(ProbeConfig):
+    game_dir: str = field(default_factory=_default_game_dir)
+    """Where the real games are regenerated (a cache)."""
+
+
+class RepeatFirst:
+    """The same command every step: the first candidate of the state it first sees."""
+
+    def __init__(self):
+        self.command: str | None = None
+
+    def __call__(self, candidates: list[str]) -> str:
+        from rlvr_gym.sim.textgame import NOOP_COMMAND
+
+        if self.command is None:
+            self.command = candidates[0] if candidates else NOOP_COMMAND
+        return self.command
+
+
+def text_probe_policies(seed: int, episode: int) -> dict[str, Callable[[list[str]], str]]:
+    from rlvr_gym.sim.textgame import NOOP_COMMAND
+
+    rng = np.random.default_rng([seed, episode])
+    return {
+        "no-op": lambda _candidates: NOOP_COMMAND,
+        "uniform-random": lambda candidates: candidates[rng.integers(len(candidates))] if candidates else NOOP_COMMAND,
+        "repeat-first-command": RepeatFirst(),
+        "first-candidate": lambda candidates: candidates[0] if candidates else NOOP_COMMAND,
+    }
+
+
+def probe_textgame(config: TextProbeConfig) -> dict:
+    """The probe in real TextWorld and RLVRWorld-TextGame-v0 from the checkpoint's start states."""
+    from rlvr_gym.evaluation.textgame_policies import _play_learned, _play_real
+    from rlvr_gym.sim.textgame import DEFAULT_CHECKPOINT, DEFAULT_MAX_STEPS, TextGameSimulator
+
+    torch.set_num_threads(1)
+    checkpoint = config.checkpoint or DEFAULT_CHECKPOINT
+    max_steps = config.steps or DEFAULT_MAX_STEPS
+    sim = TextGameSimulator(checkpoint, 0.0)
+    indices = [e % len(sim.starts) for e in range(config.starts)]
+    names = list(text_probe_policies(0, 0))
+    runs = [(name, e) for name in names for e in range(config.starts)]
+    # Each env gets its own policy objects: a policy that remembers (RepeatFirst) must not carry one env's
+    # memory into the other.
+    real_won, _ = _play_real(sim.starts, [indices[e] for _, e in runs],
+                             [text_probe_policies(config.seed, e)[n] for n, e in runs], max_steps, config.game_dir)
+    learned_won, _, _ = _play_learned(sim, [indices[e] for _, e in runs],
+                                      [text_probe_policies(config.seed, e)[n] for n, e in runs], max_steps, config.seed)
+    learned = {n: [bool(w) for (m, _), w in zip(runs, learned_won) if m == n] for n in names}
+    real = {n: [bool(w) for (m, _), w in zip(runs, real_won) if m == n] for n in names}
+    return write_report(summarize("textgame", checkpoint, learned, real), config)
+
+
+# ---------------------------------------------------------------------------------------------------- web
+
+
+def last_button(tree: str, name: str | None = None) -> str | None:
+    """`click [id]` on the last visible button of the page (named `name`, case-insensitively, when given)."""
+    from envs.web import click, parse
+
+    buttons = [n for n in parse(tree) if n.role == "button" and not n.hidden
+               and (name is None or n.name.strip().lower() == name)]
+    return click(buttons[-1].id) if buttons else None
+
+
+def web_probe_policies(seed: int, episode: int) -> dict[str, Callable[[str, str], str | None]]:
+    """Policies (utterance, tree) -> action or None (nothing to do: the episode stops, unpaid)."""
+    from rlvr_gym.sim.web import candidate_actions
+
+    rng = np.random.default_rng([seed, episode])
+
+    def random_candidate(utterance: str, tree: str) -> str | None:
+        candidates = candidate_actions(utterance, tree)
+        return candidates[rng.integers(len(candidates))] if candidates else None
+
+    return {
+        "click-last-button": lambda _utterance, tree: last_button(tree),
+        "submit-with-nothing-filled": lambda _utterance, tree: last_button(tree, "submit") or last_button(tree),
+        "first-candidate": lambda utterance, tree: (candidate_actions(utterance, tree) or [None])[0],
+        "uniform-random": random_candidate,
+    }
+
+
+def play_web(step: Callable[[str], tuple[str, float, bool, bool]], utterance: str, tree: str,
+             policy: Callable[[str, str], str | None], max_steps: int) -> bool:
+    """One episode from `tree`; `step(action) -> (tree, reward, terminated, truncated)`. Success: a positive return."""
+    total = 0.0
+    for _ in range(max_steps):
+        action = policy(utterance, tree)
+        if action is None:
+            break
+        tree, reward, terminated, truncated = step(action)
+        total += reward
+        if terminated or truncated:
+            break
+    return total > 0
+
+
+@dataclass
+class WebProbeConfig(ProbeConfig):
+    tasks: tuple[str, ...] = ()
+    """Tasks whose start pages are probed; empty: every task the checkpoint has start pages of."""
+
+
+def probe_web(config: WebProbeConfig) -> dict:
+    """The probe in real MiniWoB++ (Chromium) and RLVRWorld-Web-v0 from the checkpoint's start pages."""
+    from envs.web import WebTaskEnv
+    from rlvr_gym.sim.web import DEFAULT_CHECKPOINT, WebWorldEnv, load_start_pages
+
+    torch.set_num_threads(1)
+    checkpoint = config.checkpoint or DEFAULT_CHECKPOINT
+    max_steps = config.steps or 5
+    pages = load_start_pages(checkpoint)
+    tasks = list(config.tasks) or list(dict.fromkeys(p.task for p in pages))
+    unknown = sorted(set(tasks) - {p.task for p in pages})
+    if unknown:
+        raise ValueError(f"{checkpoint} has no start pages of {unknown}; it has {sorted({p.task for p in pages})}")
+    chosen = [i for task in tasks for i in [j for j, p in enumerate(pages) if p.task == task][: config.starts]]
+    sim = WebWorldEnv(checkpoint, max_steps=max_steps)
+    learned: dict[str, list[bool]] = {}
+    real: dict[str, list[bool]] = {}
+    env = None
+    try:
+        for e, index in enumerate(tqdm(chosen, desc="start pages", unit="page", leave=False)):
+            page = pages[index]
+            if env is None:
+                env = WebTaskEnv(page.task, max_steps=max_steps)
+            elif env.task != page.task:
+                env.load_task(page.task)
+            for name, policy in web_probe_policies(config.seed, e).items():
+                utterance, tree, _ = env.reset(seed=page.seed)
+                real.setdefault(name, []).append(play_web(lambda a: env.step(a)[:4], utterance, tree, policy, max_steps))
+                sim.reset(seed=config.seed, options={"index": index})
+
+                def sim_step(action: str) -> tuple[str, float, bool, bool]:
+                    _, reward, terminated, truncated, info = sim.step(action)
+                    return info["tree"], reward, terminated, truncated
+
+                learned.setdefault(name, []).append(play_web(sim_step, page.utterance, sim.tree, policy, max_steps))
+    finally:
+        if env is not None:
+            env.close()
+    return write_report(summarize("web", checkpoint, learned, real), config)

@@ -1,0 +1,67 @@
+"""The exploit probe: trivial and adversarial policies in the learned and the real env from the same start states."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from envs.web import browser_available
+from rlvr_gym.evaluation.probe import (
+    AXES, ProbeConfig, TextProbeConfig, WebProbeConfig, last_button, probe_rt1, probe_textgame, probe_web,
+    rt1_probe_actions, summarize,
+)
+
+
+def check_report(result: dict, names: list[str], episodes: int) -> None:
+    assert [row["policy"] for row in result["policies"]] == names
+    for row in result["policies"]:
+        assert row["episodes"] == episodes
+        assert 0 <= row["learned_success"] <= 1 and 0 <= row["real_success"] <= 1
+        assert row["false_success"] == pytest.approx(max(0.0, row["learned_success"] - row["real_success"]))
+    false = [row["false_success"] for row in result["policies"]]
+    assert result["mean_false_success"] == pytest.approx(np.mean(false)) and result["max_false_success"] == max(false)
+    written = json.loads((Path(result["out"]) / "probe.json").read_text())
+    assert written["policies"] == result["policies"]
+
+
+def test_false_success_is_learned_success_the_real_env_did_not_give():
+    result = summarize("rt1", "x", {"a": [True, True, False, False], "b": [False, False]},
+                       {"a": [True, False, False, False], "b": [True, True]})
+    assert [r["false_success"] for r in result["policies"]] == [0.25, 0.0]  # floored at 0 where real is higher
+    assert result["mean_false_success"] == 0.125 and result["max_false_success"] == 0.25
+
+
+def test_rt1_probe_policies_are_no_op_random_and_one_constant_axis_each():
+    actions = rt1_probe_actions(7, np.random.default_rng(0))
+    assert len(actions) == 2 + 2 * len(AXES) and all(a.shape == (7, 7) for a in actions.values())
+    assert not actions["no-op"].any()
+    assert np.array_equal(actions["-gripper"][:, 6], -np.ones(7)) and not actions["-gripper"][:, :6].any()
+    assert np.abs(actions["uniform-random"]).max() <= 1 and len(np.unique(actions["uniform-random"])) == 49
+
+
+def test_rt1_probe_runs_both_envs_from_the_same_initial_states(tmp_path):
+    result = probe_rt1(ProbeConfig(checkpoint="rt1-mle", starts=1, steps=3, out=str(tmp_path)))
+    names = list(rt1_probe_actions(3, np.random.default_rng(0)))
+    check_report(result, names, episodes=4)  # one start state of each of the four tasks
+    assert result["policies"][0]["real_success"] == 0.0  # doing nothing for 3 steps solves no real task
+
+
+def test_textgame_probe_runs_real_games_and_the_learned_env(tmp_path):
+    result = probe_textgame(TextProbeConfig(checkpoint="textgame-rlvr", starts=2, steps=2, out=str(tmp_path)))
+    check_report(result, ["no-op", "uniform-random", "repeat-first-command", "first-candidate"], episodes=2)
+    assert result["policies"][0]["real_success"] == 0.0  # "look" wins no real game
+
+
+def test_web_probe_policies_click_the_last_button_and_submit():
+    tree = "[1] RootWebArea 'page'\n\t[2] button 'Submit'\n\t[3] textbox ''\n\t[4] button 'Cancel'"
+    assert last_button(tree) == "click [4]" and last_button(tree, "submit") == "click [2]"
+    assert last_button("[1] RootWebArea 'page'") is None
+
+
+@pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
+def test_web_probe_runs_real_pages_and_the_learned_env(tmp_path):
+    result = probe_web(WebProbeConfig(checkpoint="web-rlvr", starts=1, steps=1, tasks=("click-button",), out=str(tmp_path)))
+    check_report(result, ["click-last-button", "submit-with-nothing-filled", "first-candidate", "uniform-random"], 1)
+    with pytest.raises(ValueError, match="no start pages of"):
+        probe_web(WebProbeConfig(checkpoint="web-rlvr", tasks=("no-such-task",), out=str(tmp_path)))
