@@ -79,7 +79,7 @@ class TokenizerConfig(RUN.RunConfig):
     """The context frames in training: empty, the ones it decodes against (`context_frame`); "any", a random frame of
     the same episode each time. Trained against the first frame only, the decoder leans on where the objects stood
     in it and draws moved ones back towards there; against any frame it must read their place from the codes.
-    Measured (docs/rt1_experiments.md, session 15): lower LPIPS, but more lost objects; not shipped."""
+    Measured (docs/research/rt1_experiments.md, session 15): lower LPIPS, but more lost objects; not shipped."""
 
 
 def frame_pairs(episodes: list[Episode], context_frame: str = "first") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -237,7 +237,7 @@ class RefinerConfig(RUN.RunConfig):
     learns to trust codes that are right as well as to correct the transformer's."""
     moved_fraction: float = 0.5
     """Fraction of each batch drawn from transitions where a whole object moves (about 10% of them as collected).
-    Measured (docs/rt1_experiments.md, session 17): it took the moved objects from 2.8 px to 1.5 at step 1."""
+    Measured (docs/research/rt1_experiments.md, session 17): it took the moved objects from 2.8 px to 1.5 at step 1."""
     revealed_fraction: float = 0.0
     """Fraction of each batch drawn from transitions where an object comes out from under the gripper (a third of
     the moved ones), always decoded from the transformer's predicted codes: where those do not redraw the object, the
@@ -256,7 +256,7 @@ class RefinerConfig(RUN.RunConfig):
     """Held-out transitions scored at each evaluation."""
     context_from_frames: bool = True
     """Whether RUN_DIR/world_model feeds the frames it shows back into its prompts (WorldModelSettings). Measured
-    (docs/rt1_experiments.md, session 18): with the refiner it keeps objects the codes alone drop in rollouts."""
+    (docs/research/rt1_experiments.md, session 18): with the refiner it keeps objects the codes alone drop in rollouts."""
     rollout_depth: int = 1
     """With d > 1, the refiner also learns on the frames it is given in multi-step rollouts: `rollout_starts` greedy
     d-frame rollouts of the world model (with its own refiner, the window sliding as in the env) are run once and
@@ -693,11 +693,11 @@ class RT1MLEConfig:
     changed_weight: float = 1.0
     """Loss weight of the frame codes that differ from the frame before (about a quarter of them: the gripper and
     what it moves), which the static rest could drown. The held-out loss stays unweighted. Measured from rt1-mle
-    (docs/rt1_experiments.md, session 11): 4 did not place moved objects better than plain MLE."""
+    (docs/research/rt1_experiments.md, session 11): 4 did not place moved objects better than plain MLE."""
     moved_windows: float = 0.0
     """Fraction of the training windows in which a whole object moves, repeating those windows to make it (19% of
     the collected ones at window 4; 0: as collected). The object error counts only such frames. Measured from rt1-mle
-    (docs/rt1_experiments.md, session 15): 0.75 cut false repetition 2.4x but lost more objects and raised LPIPS."""
+    (docs/research/rt1_experiments.md, session 15): 0.75 cut false repetition 2.4x but lost more objects and raised LPIPS."""
     size: LlamaSize = field(default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=4, intermediate_size=512, max_positions=1024))
     """Transformer shape (trained from scratch)."""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=3000, lr=1e-3, batch_size=16, micro_batch=16, save_every=200, warmup_steps=100))
@@ -792,7 +792,7 @@ class RT1RLVRConfig:
     revealed_prompts: float = 0.0
     """With --rollout-depth > 1: fraction of the prompts whose real next frame shows an object coming out from under
     the gripper (`R.revealed_objects`; a third of the moved ones), drawn before --moved-prompts' share. Every object
-    the shipped models still lose is one of these (docs/rt1_experiments.md, session 19). Measured (session 20): 0.25
+    the shipped models still lose is one of these (docs/research/rt1_experiments.md, session 19). Measured (session 20): 0.25
     of them, with 0.25 moved, did not place moved objects better at step 5 than rt1-mle."""
     seed: int = 0
     """Draws the rollout prompts."""
