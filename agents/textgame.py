@@ -36,6 +36,7 @@ from rlvr_gym.sim.textgame import (
     open_real_game,
 )
 
+
 class RealTextWorldDiscreteEnv(gym.Env):
     """The real TextWorld games of a checkpoint's start states, with TextGameDiscreteEnv's spaces.
 

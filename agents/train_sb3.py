@@ -28,6 +28,7 @@ from stable_baselines3 import DQN, PPO, SAC  # noqa: E402
 from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback  # noqa: E402
 from stable_baselines3.common.logger import configure  # noqa: E402
+
 from rlvr_gym.logs import configure_logging  # noqa: E402
 
 log = logging.getLogger(__name__)

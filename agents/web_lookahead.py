@@ -44,8 +44,9 @@ import torch
 
 from envs.web import TASKS, BrowserError, WebTaskEnv, parse, parse_action
 from envs.web.env import BROWSER_ERRORS
-from rlvr_gym.evaluation.web import check_disjoint_episodes, read_training_record
+from rlvr_gym.data.web import check_disjoint_episodes, read_training_record
 from rlvr_gym.logs import configure_logging
+from rlvr_gym.models.lm import resolve_checkpoint
 from rlvr_gym.sim.web import Prediction, WebWorldModel, candidate_actions, visible_words, words
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,7 @@ def run_lookahead(config: LookaheadConfig, env: WebTaskEnv | None = None) -> dic
         episodes.setdefault(task, []).append(seed)
     seen_tasks = set(config.seen_tasks)
     for checkpoint in config.checkpoints:
-        record = read_training_record(checkpoint)
+        record = read_training_record(resolve_checkpoint(checkpoint))
         if record is not None:
             check_disjoint_episodes(record["seeds"], episodes, f"the training data of {checkpoint}",
                                     f"the lookahead episodes (seed {config.seed})")  # fmt: skip

@@ -25,12 +25,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 import transformers
 
+from rlvr_gym.files import read_log
 from rlvr_gym.models.lm import build_llama, load_model
 from rlvr_gym.models.sampler import SamplingConfig, sample
 from rlvr_gym.train.batch import chunks, pack_batch, slice_batch, token_logprobs
 from rlvr_gym.train.demo import DemoConfig, char_tokenizer, exact_match, make_examples, sorted_digits_reward
 from rlvr_gym.train.grpo import GRPOConfig, aggregate, group_advantages, policy_loss_terms, train_grpo
-from rlvr_gym.train.run import batch_indices, read_log
+from rlvr_gym.train.run import batch_indices
 from rlvr_gym.train.sft import SFTConfig, train_sft
 
 MISSING_TRL = "TRL is not installed: install the bench extra with  pip install -e '.[bench]'  (or  make install-bench)"

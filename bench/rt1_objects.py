@@ -23,7 +23,12 @@ import torch
 from rlvr_gym.domains.robot import LOST_OBJECT_PX, WHOLE_OBJECT_PIXELS, moved_object_distances
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.evaluation.robot import (
-    EpisodeTokens, fresh_episodes, multi_step_prompts, rollout_start, single_step_prompts, tokenize_episodes,
+    EpisodeTokens,
+    fresh_episodes,
+    multi_step_prompts,
+    rollout_start,
+    single_step_prompts,
+    tokenize_episodes,
 )
 from rlvr_gym.models.robot_world_model import RobotWorldModel, predict_in_batches
 from rlvr_gym.models.sampler import SamplingConfig

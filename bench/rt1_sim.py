@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 import rlvr_gym  # noqa: F401  (registers the env ids)
-from rlvr_gym.domains import robot as R
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.models.lm import parameter_count
 from rlvr_gym.models.robot_world_model import RobotWorldModel

@@ -21,10 +21,16 @@ import torch
 from rlvr_gym.domains import robot as R
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.evaluation.robot import (
-    batched_lpips, evaluate_world_model, fresh_episodes, rollout_gif, rollout_start, single_step_prompts, summary_line,
+    batched_lpips,
+    evaluate_world_model,
+    fresh_episodes,
+    rollout_gif,
+    rollout_start,
+    single_step_prompts,
+    summary_line,
     tokenize_episodes,
 )
-from rlvr_gym.models.robot_world_model import Rollout, RobotWorldModel, predict_in_batches
+from rlvr_gym.models.robot_world_model import RobotWorldModel, Rollout, predict_in_batches
 from rlvr_gym.models.sampler import SamplingConfig
 
 BEST_OF = (1, 2, 4, 8, 16, 32, 64, 100)

@@ -14,7 +14,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rlvr_gym.logs import configure_logging  # noqa: E402
 
-
 # Command words -> (module, config dataclass, function taking it, one-line help). Modules are imported only for
 # the command that runs: startup stays fast, and a command never needs another's optional extras (web: selenium).
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
@@ -45,7 +44,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                       "set a world model's per-task success thresholds from replays of training episodes"),
     "eval rt1": ("rlvr_gym.evaluation.robot", "RT1EvalConfig", "run_rt1_eval",
                  "score a video world model on fresh real episodes; prints one JSON line"),
-    "collect textworld": ("rlvr_gym.train.textgame", "TextWorldCollectConfig", "run_collect_textworld",
+    "collect textworld": ("rlvr_gym.data.textgame", "TextWorldCollectConfig", "run_collect_textworld",
                           "play generated TextWorld games and write ByteSized32-format transitions"),
     "train textgame-sft": ("rlvr_gym.train.textgame", "TextGameSFTConfig", "run_textgame_sft",
                            "SFT a text-game world model: (state, action) -> diff, BPE tokenizer trained on the data"),
@@ -53,7 +52,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                             "GRPO a text-game world model on the binary or task reward"),
     "eval textgame": ("rlvr_gym.evaluation.textgame", "TextGameEvalConfig", "run_textgame_eval",
                       "text-game accuracy (overall / changed / unchanged) vs the no-change baseline; one JSON line"),
-    "collect web": ("rlvr_gym.train.web", "WebCollectConfig", "collect_web",
+    "collect web": ("rlvr_gym.data.web", "WebCollectConfig", "collect_web",
                     "record real MiniWoB++ transitions in Chromium with scripted policies"),
     "train web-sft": ("rlvr_gym.train.web", "WebSFTConfig", "run_web_sft",
                       "SFT the web world model (BPE trained on the data, or a local HF causal LM)"),

@@ -28,9 +28,9 @@ import numpy as np
 from tqdm import tqdm
 
 from rlvr_gym.evaluation.report import markdown_table, plot_curves
+from rlvr_gym.files import read_log
 from rlvr_gym.train.demo import DemoConfig, run_demo
 from rlvr_gym.train.grpo import GRPOConfig
-from rlvr_gym.train.run import read_log
 
 RUN_DIRS = ("demo", "episodes", "rt1_rlvr", "ppo", "policy_eval")
 """What the quickstart writes under out_dir, removed at the start: trainers refuse to start over their own runs."""

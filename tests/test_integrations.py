@@ -18,7 +18,7 @@ from rlvr_gym.domains import textgame, web
 from rlvr_gym.integrations import trl as trl_rewards
 from rlvr_gym.integrations.export import ExportConfig, export, verl_rows
 from rlvr_gym.integrations.verl import compute_score
-from rlvr_gym.train.textgame import target_text
+from rlvr_gym.data.textgame import target_text
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bytesized32_small.jsonl"
 TREE_BEFORE = "[1] RootWebArea 'Click submit'\n\t[2] button 'Submit'\n\t[3] StaticText 'hello'"
@@ -133,7 +133,8 @@ def test_trl_export_round_trip(tmp_path):
 def test_export_balances_like_the_trainer(tmp_path):
     from datasets import load_from_disk
 
-    from rlvr_gym.train.textgame import DEFAULT_BALANCE, load_training_transitions
+    from rlvr_gym.data.textgame import load_training_transitions
+    from rlvr_gym.domains.textgame import DEFAULT_BALANCE
 
     path = export(ExportConfig(format="trl", out=str(tmp_path / "trl"), data=str(FIXTURE), reward="task"))
     expected = load_training_transitions(str(FIXTURE), "", DEFAULT_BALANCE["task"], 0)
@@ -171,7 +172,7 @@ def test_trl_grpo_trainer_runs_on_exported_textgame_data(tmp_path):
     from trl import GRPOTrainer
 
     from rlvr_gym.models.lm import LlamaSize, build_llama
-    from rlvr_gym.train.textgame import train_tokenizer, transition_texts
+    from rlvr_gym.data.textgame import train_tokenizer, transition_texts
 
     torch.set_num_threads(1)
     path = export(ExportConfig(format="trl", out=str(tmp_path / "trl"), data=str(FIXTURE), balance=False, limit=4))

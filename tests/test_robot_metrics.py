@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from rlvr_gym.domains import robot
-from rlvr_gym.models import lpips
+from rlvr_gym.domains import lpips
 
 torch.set_num_threads(1)
 

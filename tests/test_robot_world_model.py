@@ -20,7 +20,7 @@ from rlvr_gym.train.robot import (
     run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner, train_state_reader,
     windows_with_moves,
 )
-from rlvr_gym.train.run import read_log
+from rlvr_gym.files import read_log
 from rlvr_gym.train.sft import SFTConfig
 
 

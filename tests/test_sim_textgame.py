@@ -29,7 +29,7 @@ from rlvr_gym.sim.textgame import (
     render_state,
     write_start_states,
 )
-from rlvr_gym.train.textgame import train_tokenizer
+from rlvr_gym.data.textgame import train_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

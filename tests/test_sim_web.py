@@ -27,7 +27,7 @@ from rlvr_gym.sim.web import (
     write_start_pages,
 )
 from rlvr_gym.train.sft import SFTConfig, train_sft
-from rlvr_gym.train.web import encode_examples, train_web_tokenizer, transition_texts
+from rlvr_gym.data.web import encode_examples, train_web_tokenizer, transition_texts
 
 pytestmark = pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
 TASKS = ("click-test-2", "enter-text")
@@ -62,7 +62,7 @@ def untrained(recorded):
 @pytest.fixture(scope="module")
 def trained(recorded, tmp_path_factory):
     untrained, records = recorded
-    from rlvr_gym.evaluation.textgame import load_tokenizer
+    from rlvr_gym.models.lm import load_tokenizer
 
     examples, _ = encode_examples(records, load_tokenizer(untrained), 300, 200)
     run = tmp_path_factory.mktemp("sft")

@@ -15,15 +15,12 @@ from rlvr_gym.domains.textgame import is_changed, parse_diff, rebuild, states_ma
 from rlvr_gym.evaluation.textgame import TextGameEvalConfig, run_textgame_eval
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, load_model
 from rlvr_gym.train.grpo import GRPOConfig
-from rlvr_gym.train.run import read_log
+from rlvr_gym.files import read_log
 from rlvr_gym.train.sft import SFTConfig
-from rlvr_gym.train.textgame import (
-    TextGameRLVRConfig,
-    TextGameSFTConfig,
+from rlvr_gym.train.textgame import TextGameRLVRConfig, TextGameSFTConfig, run_textgame_rlvr, run_textgame_sft
+from rlvr_gym.data.textgame import (
     collect_textworld,
     load_training_transitions,
-    run_textgame_rlvr,
-    run_textgame_sft,
     target_text,
     train_tokenizer,
     transition_texts,

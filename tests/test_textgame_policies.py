@@ -11,7 +11,7 @@ from rlvr_gym.evaluation.textgame_policies import PlanPolicy, TextGamePolicyEval
 from rlvr_gym.models.lm import LlamaSize, build_llama
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.textgame import HELD_OUT_SEED, NOOP_COMMAND, candidate_commands, write_start_states
-from rlvr_gym.train.textgame import train_tokenizer
+from rlvr_gym.data.textgame import train_tokenizer
 from test_sim_textgame import game_dir, garbage_checkpoint, no_change_checkpoint, start_file  # noqa: F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

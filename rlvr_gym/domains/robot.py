@@ -10,7 +10,7 @@ import math
 import numpy as np
 import torch
 
-from rlvr_gym.models.lpips import load_lpips
+from rlvr_gym.domains.lpips import load_lpips
 
 ACTION_DIM = 7  # RT-1: world_vector 3, rotation_delta 3, gripper_closedness 1
 NUM_BINS = 256

@@ -553,3 +553,9 @@ def _mean(values: list[bool]) -> float:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+REWARDS = {"binary": binary_reward, "task": task_reward}
+
+
+DEFAULT_BALANCE = {"binary": (100, 40), "task": (100, 5)}

@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, TypedDict
 
 SECTIONS = ("new", "deleted", "updated")
@@ -396,3 +397,66 @@ def _depth(line: str) -> int:
 
 def _format_reward(reward: float) -> str:
     return f"{float(reward):g}"
+
+
+# ---------------------------------------------------------------------------------------------------- metrics
+
+METRICS = ("precision", "recall", "f1", "reward_accuracy", "done_accuracy", "exact_match", "parse_failure_rate")
+BASELINE_METRICS = ("f1", "reward_accuracy", "done_accuracy", "exact_match")
+
+
+def best_by_web_reward(samples: Sequence[Sequence[str]], records: Sequence[dict]) -> list[str]:
+    """For each transition, the sample whose web reward against the gold is highest (first on ties)."""
+    chosen = []
+    for texts, r in zip(samples, records):
+        n = len(texts)
+        rows = score_rows(texts, [r] * n)
+        chosen.append(texts[max(range(n), key=lambda k: rows[k]["score"])])
+    return chosen
+
+
+def score_rows(completions: Sequence[str], records: Sequence[dict]) -> list[dict]:
+    """`web_reward`'s row for each completion against its transition's gold."""
+    return web_reward(
+        list(completions),
+        [r["tree_before"] for r in records],
+        [r["tree_after"] for r in records],
+        [r["reward"] for r in records],
+        [r["done"] for r in records],
+    )
+
+
+def summarise(rows: Sequence[dict]) -> dict[str, float]:
+    """Means over transitions of `METRICS` and the count `n`; NaN for every mean when there are no rows."""
+    n = len(rows)
+
+    def mean(values) -> float:
+        return sum(values) / n if n else math.nan
+
+    return {
+        "precision": mean(r.get("precision", 0.0) for r in rows),
+        "recall": mean(r.get("recall", 0.0) for r in rows),
+        "f1": mean(r.get("f1", 0.0) for r in rows),
+        "reward_accuracy": mean(r.get("reward_ok", 0.0) for r in rows),
+        "done_accuracy": mean(r.get("done_ok", 0.0) for r in rows),
+        "exact_match": mean(float(r["score"] >= 1.0 - 1e-9) for r in rows),
+        "parse_failure_rate": mean(float("error" in r) for r in rows),
+        "n": n,
+    }
+
+
+def web_metrics(completions: Sequence[str], records: Sequence[dict], seen_tasks: Sequence[str]) -> dict[str, float]:
+    """The flat metric dict: `METRICS` and `n`, with `nochange_` baseline values, overall and with the `seen_` and
+    `heldout_` prefixes (a split without transitions has NaN means)."""
+    rows = score_rows(completions, records)
+    baseline = score_rows([no_change_target()] * len(records), records)
+    seen = set(seen_tasks)
+    out: dict[str, float] = {}
+    for prefix, keep in (("", lambda r: True), ("seen_", lambda r: r["task"] in seen),
+                         ("heldout_", lambda r: r["task"] not in seen)):  # fmt: skip
+        index = [i for i, r in enumerate(records) if keep(r)]
+        model = summarise([rows[i] for i in index])
+        nochange = summarise([baseline[i] for i in index])
+        out.update({f"{prefix}{k}": v for k, v in model.items()})
+        out.update({f"{prefix}nochange_{k}": nochange[k] for k in BASELINE_METRICS})
+    return out

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlvr_gym.train.run import read_log
+from rlvr_gym.files import read_log
 
 
 def plot_curves(runs: dict[str, str | os.PathLike], keys: Sequence[str], out_png: str | os.PathLike, title: str = "") -> Path:

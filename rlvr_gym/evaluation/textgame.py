@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,39 +17,13 @@ from dataclasses import dataclass, field
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from rlvr_gym.data.bytesized32 import Transition, data_dir, load_transitions
-from rlvr_gym.domains.textgame import accuracy_table, format_prompt, no_change_predictions, task_reward
-from rlvr_gym.models.lm import CheckpointError, load_model, pick_device, resolve_checkpoint
+from rlvr_gym.data.textgame import encode_prompts, subsample
+from rlvr_gym.domains.textgame import accuracy_table, no_change_predictions, task_reward
+from rlvr_gym.models.lm import checked_tokenizer, load_model, pick_device
 from rlvr_gym.models.sampler import sample_texts
-
-
-def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:
-    """The tokenizer saved with a checkpoint, checked to be usable by a text world model."""
-    path = resolve_checkpoint(name_or_dir)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except Exception as error:  # transformers raises many types for a missing or damaged tokenizer
-        raise CheckpointError(f"tokenizer in {path} could not be loaded ({type(error).__name__}: {error})") from error
-    return checked_tokenizer(tokenizer, path)
-
-
-def checked_tokenizer(tokenizer: PreTrainedTokenizerBase | None, path: str | os.PathLike) -> PreTrainedTokenizerBase:
-    if tokenizer is None:
-        raise CheckpointError(
-            f"checkpoint {path} has no tokenizer: a text world model needs the tokenizer it was trained with beside it"
-        )
-    if tokenizer.eos_token_id is None:
-        raise CheckpointError(f"the tokenizer of {path} has no eos token, so completions could not end")
-    return tokenizer
-
-
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, transitions: Sequence[Transition]) -> list[list[int]]:
-    """Token ids of each transition's prompt (task, current state, action), after the bos token when there is one."""
-    texts = [format_prompt(t.current, t.action, t.task) for t in transitions]
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    return [bos + ids for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 @torch.no_grad()
@@ -76,26 +49,6 @@ def best_by_task_reward(samples: Sequence[Sequence[str]], transitions: Sequence[
         rewards = task_reward(list(texts), [t.current] * len(texts), [t.next] * len(texts))
         chosen.append(texts[max(range(len(texts)), key=lambda k: rewards[k]["score"])])
     return chosen
-
-
-def accuracy(
-    model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    transitions: Sequence[Transition],
-    batch_size: int = 16,
-    max_new_tokens: int = 512,
-) -> dict[str, float]:
-    """Greedy `accuracy_table` of a model on transitions (what the trainers log under eval/)."""
-    preds = [p[0] for p in predict(model, tokenizer, transitions, batch_size, max_new_tokens)]
-    return accuracy_table(preds, transitions)
-
-
-def subsample(transitions: Sequence[Transition], limit: int, seed: int) -> list[Transition]:
-    """A seeded random `limit` of the transitions in file order (all when limit is 0): files are sorted by game."""
-    if limit <= 0 or limit >= len(transitions):
-        return list(transitions)
-    keep = sorted(random.Random(seed).sample(range(len(transitions)), limit))
-    return [transitions[i] for i in keep]
 
 
 @dataclass

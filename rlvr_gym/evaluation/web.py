@@ -15,11 +15,9 @@ Which tasks are "seen" comes from `web_training.json`, written beside the model 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,106 +28,12 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from envs.web import TASKS
-from rlvr_gym.domains.web import format_prompt, format_target, make_diff, no_change_target, web_reward
-from rlvr_gym.evaluation.textgame import checked_tokenizer
-from rlvr_gym.models.lm import context_length, load_model, resolve_checkpoint
+from rlvr_gym.data.web import TRAINING_RECORD, check_disjoint_episodes, encode_prompts, read_training_record
+from rlvr_gym.domains.web import best_by_web_reward, web_metrics
+from rlvr_gym.models.lm import checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 
 log = logging.getLogger("rlvr_gym")
-
-TRAINING_RECORD = "web_training.json"
-"""Written beside a trained model: the tasks and (task, seed) episodes it was trained on."""
-METRICS = ("precision", "recall", "f1", "reward_accuracy", "done_accuracy", "exact_match", "parse_failure_rate")
-BASELINE_METRICS = ("f1", "reward_accuracy", "done_accuracy", "exact_match")
-
-
-# ---------------------------------------------------------------------------------------------------- text
-
-
-def prompt_text(record: dict) -> str:
-    """The model's input for a recorded transition: task, tree before, action."""
-    return format_prompt(record["utterance"], record["tree_before"], record["action"])
-
-
-def target_text(record: dict) -> str:
-    """The gold output for a recorded transition: its diff, reward and done."""
-    return format_target(make_diff(record["tree_before"], record["tree_after"]), record["reward"], record["done"])
-
-
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, records: Sequence[dict]) -> list[list[int]]:
-    """Token ids of each transition's prompt, after the bos token when the tokenizer has one."""
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    return [bos + ids for ids in tokenizer([prompt_text(r) for r in records], add_special_tokens=False)["input_ids"]]
-
-
-def encode_targets(tokenizer: PreTrainedTokenizerBase, records: Sequence[dict]) -> list[list[int]]:
-    """Token ids of each transition's gold output, ending with the eos token the sampler stops on."""
-    ids = tokenizer([target_text(r) for r in records], add_special_tokens=False)["input_ids"]
-    return [y + [tokenizer.eos_token_id] for y in ids]
-
-
-# ---------------------------------------------------------------------------------------------------- predictions
-
-
-@torch.no_grad()
-def best_by_web_reward(samples: Sequence[Sequence[str]], records: Sequence[dict]) -> list[str]:
-    """For each transition, the sample whose web reward against the gold is highest (first on ties)."""
-    chosen = []
-    for texts, r in zip(samples, records):
-        n = len(texts)
-        rows = score_rows(texts, [r] * n)
-        chosen.append(texts[max(range(n), key=lambda k: rows[k]["score"])])
-    return chosen
-
-
-# ---------------------------------------------------------------------------------------------------- metrics
-
-
-def score_rows(completions: Sequence[str], records: Sequence[dict]) -> list[dict]:
-    """`web_reward`'s row for each completion against its transition's gold."""
-    return web_reward(
-        list(completions),
-        [r["tree_before"] for r in records],
-        [r["tree_after"] for r in records],
-        [r["reward"] for r in records],
-        [r["done"] for r in records],
-    )
-
-
-def summarise(rows: Sequence[dict]) -> dict[str, float]:
-    """Means over transitions of `METRICS` and the count `n`; NaN for every mean when there are no rows."""
-    n = len(rows)
-
-    def mean(values) -> float:
-        return sum(values) / n if n else math.nan
-
-    return {
-        "precision": mean(r.get("precision", 0.0) for r in rows),
-        "recall": mean(r.get("recall", 0.0) for r in rows),
-        "f1": mean(r.get("f1", 0.0) for r in rows),
-        "reward_accuracy": mean(r.get("reward_ok", 0.0) for r in rows),
-        "done_accuracy": mean(r.get("done_ok", 0.0) for r in rows),
-        "exact_match": mean(float(r["score"] >= 1.0 - 1e-9) for r in rows),
-        "parse_failure_rate": mean(float("error" in r) for r in rows),
-        "n": n,
-    }
-
-
-def web_metrics(completions: Sequence[str], records: Sequence[dict], seen_tasks: Sequence[str]) -> dict[str, float]:
-    """The flat metric dict: `METRICS` and `n`, with `nochange_` baseline values, overall and with the `seen_` and
-    `heldout_` prefixes (a split without transitions has NaN means)."""
-    rows = score_rows(completions, records)
-    baseline = score_rows([no_change_target()] * len(records), records)
-    seen = set(seen_tasks)
-    out: dict[str, float] = {}
-    for prefix, keep in (("", lambda r: True), ("seen_", lambda r: r["task"] in seen),
-                         ("heldout_", lambda r: r["task"] not in seen)):  # fmt: skip
-        index = [i for i, r in enumerate(records) if keep(r)]
-        model = summarise([rows[i] for i in index])
-        nochange = summarise([baseline[i] for i in index])
-        out.update({f"{prefix}{k}": v for k, v in model.items()})
-        out.update({f"{prefix}nochange_{k}": nochange[k] for k in BASELINE_METRICS})
-    return out
 
 
 def evaluate_model(
@@ -147,40 +51,7 @@ def evaluate_model(
     return {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
 
 
-def subsample(records: Sequence[dict], limit: int, seed: int) -> list[dict]:
-    """A seeded random `limit` of the records in their order (all when limit is 0)."""
-    if limit <= 0 or limit >= len(records):
-        return list(records)
-    keep = sorted(random.Random(seed).sample(range(len(records)), limit))
-    return [records[i] for i in keep]
-
-
 # ---------------------------------------------------------------------------------------------------- training record
-
-
-def read_training_record(checkpoint: str | os.PathLike) -> dict | None:
-    """The tasks and episodes a checkpoint was trained on (`web_training.json` beside it), or None."""
-    path = resolve_checkpoint(checkpoint) / TRAINING_RECORD
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); delete it and pass --seen-tasks") from None
-    if not isinstance(record.get("tasks"), list) or not isinstance(record.get("seeds"), dict):
-        raise ValueError(f"{path} lacks 'tasks' (a list) or 'seeds' (task -> seeds); delete it and pass --seen-tasks")
-    return record
-
-
-def check_disjoint_episodes(a: dict[str, Sequence[int]], b: dict[str, Sequence[int]], what_a: str, what_b: str) -> None:
-    """Raise ValueError if two sets of episodes (task -> MiniWoB seeds) share a (task, seed): the same page."""
-    shared = [(task, s) for task in sorted(set(a) & set(b)) for s in sorted(set(a[task]) & set(b[task]))]
-    if shared:
-        examples = ", ".join(f"{t} seed {s}" for t, s in shared[:3])
-        raise ValueError(
-            f"{what_a} and {what_b} share {len(shared)} episodes ({examples}): collect each set with its own --seed "
-            "(held-out episodes must be new pages, and two training sets would repeat pages)"
-        )
 
 
 # ---------------------------------------------------------------------------------------------------- the command
@@ -225,12 +96,12 @@ def run_web_eval(config: WebEvalConfig) -> dict:
     The CLI prints it as one JSON line; a split without transitions has null means.
     """
     # rlvr_gym.train.web imports this module for its evaluations; importing it at the top would be circular.
-    from rlvr_gym.train.web import collect_records, load_web_data
+    from rlvr_gym.data.web import collect_records, load_web_data
 
     if config.best_of < 1 or config.batch_size < 1 or config.max_new_tokens < 1:
         raise ValueError("best_of, batch_size and max_new_tokens must all be at least 1")
     torch.set_num_threads(config.threads)
-    training = read_training_record(config.checkpoint)
+    training = read_training_record(resolve_checkpoint(config.checkpoint))
     if config.seen_tasks:
         seen_tasks = list(config.seen_tasks)
     elif training is not None:

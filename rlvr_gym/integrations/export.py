@@ -94,7 +94,8 @@ def default_out(config: ExportConfig) -> str:
 
 def textgame_rows(config: ExportConfig) -> list[dict]:
     """One row per transition: `prompt`, and `current` / `next` as JSON strings."""
-    from rlvr_gym.train.textgame import DEFAULT_BALANCE, default_train_data, load_training_transitions
+    from rlvr_gym.data.textgame import default_train_data, load_training_transitions
+    from rlvr_gym.domains.textgame import DEFAULT_BALANCE
 
     ratio = DEFAULT_BALANCE[config.reward] if config.balance else None
     transitions = load_training_transitions(config.data or default_train_data(), "", ratio, config.seed)
@@ -106,7 +107,7 @@ def textgame_rows(config: ExportConfig) -> list[dict]:
 
 def web_rows(config: ExportConfig) -> list[dict]:
     """One row per transition: `prompt`, `tree_before`, `tree_after`, `reward`, `done`."""
-    from rlvr_gym.train.web import load_web_data
+    from rlvr_gym.data.web import load_web_data
 
     records, _ = load_web_data(config.data or DEFAULT_DATA["web"])
     return [

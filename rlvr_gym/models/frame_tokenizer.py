@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-
 # Which real frame the decoder sees: the episode's first frame, or the frame just before (in a rollout, the
 # previous decoded frame).
 CONTEXT_FRAMES = ("first", "previous")

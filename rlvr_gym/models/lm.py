@@ -10,7 +10,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 from transformers import (
-    AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
 )
 from transformers.utils import logging as hf_logging
 
@@ -149,3 +154,23 @@ def ship_lm(src: str | os.PathLike, dst: str | os.PathLike, dtype: torch.dtype =
     if tokenizer is not None:
         tokenizer.save_pretrained(dst)
     return dst
+
+
+def load_tokenizer(name_or_dir: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """The tokenizer saved with a checkpoint, checked to be usable by a text world model."""
+    path = resolve_checkpoint(name_or_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as error:  # transformers raises many types for a missing or damaged tokenizer
+        raise CheckpointError(f"tokenizer in {path} could not be loaded ({type(error).__name__}: {error})") from error
+    return checked_tokenizer(tokenizer, path)
+
+
+def checked_tokenizer(tokenizer: PreTrainedTokenizerBase | None, path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    if tokenizer is None:
+        raise CheckpointError(
+            f"checkpoint {path} has no tokenizer: a text world model needs the tokenizer it was trained with beside it"
+        )
+    if tokenizer.eos_token_id is None:
+        raise CheckpointError(f"the tokenizer of {path} has no eos token, so completions could not end")
+    return tokenizer

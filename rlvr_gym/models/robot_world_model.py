@@ -23,10 +23,10 @@ import torch
 
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import FrameTokenizer
-from rlvr_gym.models.motion_refiner import MotionRefiner
-from rlvr_gym.models.state_reader import StateReader
 from rlvr_gym.models.lm import SHIPPED_DIR, CheckpointError, load_model, pick_device, resolve_checkpoint
+from rlvr_gym.models.motion_refiner import MotionRefiner
 from rlvr_gym.models.sampler import SamplingConfig, sample
+from rlvr_gym.models.state_reader import StateReader
 
 
 def layout(frame_tokens: int) -> dict[str, int]:

@@ -29,8 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild, states_match
-from rlvr_gym.evaluation.textgame import checked_tokenizer
-from rlvr_gym.models.lm import CheckpointError, context_length, load_model, resolve_checkpoint
+from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
 from rlvr_gym.sim.real_env_versions import check_real_env_versions, write_real_env_versions

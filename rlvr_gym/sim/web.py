@@ -29,10 +29,9 @@ import torch
 
 from envs.web import TASKS, InvalidAction, WebTaskEnv, click, parse, parse_action, type_text
 from envs.web.tree import normalise_tree
+from rlvr_gym.data.web import encode_prompts
 from rlvr_gym.domains.web import apply_diff, expand_diff, parse_target
-from rlvr_gym.evaluation.textgame import checked_tokenizer
-from rlvr_gym.evaluation.web import encode_prompts
-from rlvr_gym.models.lm import CheckpointError, context_length, load_model, resolve_checkpoint
+from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
 from rlvr_gym.sim.real_env_versions import check_real_env_versions, write_real_env_versions

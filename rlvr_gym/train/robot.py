@@ -23,15 +23,20 @@ import torch
 from envs.robot.tasks import TASKS, task_and_layout, task_from_instruction
 from rlvr_gym.data.episodes import STATE_NAMES, Episode, load_episodes
 from rlvr_gym.domains import robot as R
+from rlvr_gym.domains.lpips import load_lpips
 from rlvr_gym.models.frame_tokenizer import CONTEXT_FRAMES, FrameTokenizer, FrameTokenizerConfig
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
-from rlvr_gym.models.lpips import load_lpips
 from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig
-from rlvr_gym.models.state_reader import READ_NAMES, StateReader, StateReaderConfig, read_margin
 from rlvr_gym.models.robot_world_model import (
-    RobotWorldModel, RolloutStart, WorldModelSettings, load_frame_tokenizer, load_motion_refiner, load_state_reader,
+    RobotWorldModel,
+    RolloutStart,
+    WorldModelSettings,
+    load_frame_tokenizer,
+    load_motion_refiner,
+    load_state_reader,
     predict_in_batches,
 )
+from rlvr_gym.models.state_reader import READ_NAMES, StateReader, StateReaderConfig, read_margin
 from rlvr_gym.sim.real_env_versions import REAL_ENV_FILE
 from rlvr_gym.sim.robot import balanced_accuracy, save_initial_states
 from rlvr_gym.train import run as RUN

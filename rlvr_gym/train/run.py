@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from rlvr_gym.files import atomic_write_text
 from rlvr_gym.models.lm import CheckpointError, load_model
 
 log = logging.getLogger("rlvr_gym")
@@ -231,12 +232,6 @@ def field_defaults(config) -> dict:
         elif f.default_factory is not dataclasses.MISSING:
             defaults[f.name] = f.default_factory()
     return json.loads(json.dumps(defaults, default=lambda o: dataclasses.asdict(o)))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints
@@ -449,6 +444,3 @@ class MetricsLogger:
             self.writer.close()
 
 
-def read_log(run_dir: str | os.PathLike) -> list[dict]:
-    path = Path(run_dir) / "log.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []

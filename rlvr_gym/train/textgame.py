@@ -1,11 +1,8 @@
-"""Text-game world models: a byte-level BPE tokenizer trained on the data, SFT from scratch (or from any local Hugging
-Face causal LM), then RLVR with the domain's verifiable rewards through the one GRPO trainer; and a collector that
-writes real TextWorld transitions in the ByteSized32 format, so that one model trains on both sources.
+"""Training recipes of the text-game world model: SFT from scratch (a BPE trained on the data and a small Llama) or
+from any local Hugging Face causal LM, then RLVR with the domain's verifiable rewards through the one GRPO trainer.
 
-An example is one transition: prompt = `format_prompt(current state, action, task)` after the bos token, target =
-`format_target(make_diff(current, next))` and the eos token. Prompts and targets are never truncated (a cut JSON
-state or diff teaches nothing true): examples longer than `max_prompt_tokens` / `max_target_tokens` are dropped,
-and the token-length distribution and the number dropped go to the log and to RUN_DIR/data_stats.json.
+Examples come from `rlvr_gym.data.textgame` (ByteSized32 and TextWorld transitions, prompts, targets); the
+token-length distribution and the number of examples dropped as too long go to the log and RUN_DIR/data_stats.json.
 
 A run directory holds the trainer's files (config.json, log.jsonl, checkpoints/, final/; see rlvr_gym.train.run)
 and, from this module, textgame.json (the command's config: --resume with another one is refused),
@@ -14,45 +11,40 @@ data_stats.json, and init/ (the trained tokenizer and the untrained model, when 
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase
 
-from rlvr_gym.data.bytesized32 import Transition, data_dir, load_transitions
-from rlvr_gym.domains.textgame import (
-    balance,
-    binary_reward,
-    format_prompt,
-    format_target,
-    is_changed,
-    make_diff,
-    task_reward,
+from rlvr_gym.data.bytesized32 import load_transitions
+from rlvr_gym.data.textgame import (
+    default_train_data,
+    default_valid_data,
+    encode_examples,
+    encode_prompts,
+    load_training_transitions,
+    subsample,
+    train_tokenizer,
+    transition_texts,
 )
-from rlvr_gym.evaluation.textgame import accuracy, encode_prompts, load_tokenizer, subsample
-from rlvr_gym.models.lm import LlamaSize, build_llama, parameter_count
+from rlvr_gym.domains.textgame import DEFAULT_BALANCE, REWARDS, accuracy_table
+from rlvr_gym.files import atomic_write_text
+from rlvr_gym.models.lm import LlamaSize, build_llama, load_tokenizer, parameter_count
+from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
-from rlvr_gym.train.run import atomic_write_text, barrier, record_config, set_by_command, setup_processes
+from rlvr_gym.train.run import barrier, record_config, set_by_command, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
-
-if TYPE_CHECKING:
-    from envs.textworld import Transition as TextWorldTransition
 
 log = logging.getLogger("rlvr_gym")
 
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
-TEXTWORLD_FILE = "transitions.jsonl.gz"
 # Fields that may differ on --resume; the trainer checks its own (sft, grpo), knowing which of them may change.
 RESUMABLE_CHANGES = {"resume", "sft", "grpo", "eval_accuracy_examples", "eval_batch_size"}
 
@@ -60,110 +52,7 @@ RESUMABLE_CHANGES = {"resume", "sft", "grpo", "eval_accuracy_examples", "eval_ba
 # ---------------------------------------------------------------------------------------------------- tokens
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on the texts, with <pad>, <s> (bos) and </s> (eos); any text encodes, none is unknown."""
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    core.train_from_iterator(texts, trainer)
-    pad, bos, eos = SPECIAL_TOKENS
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token=pad, bos_token=bos, eos_token=eos, clean_up_tokenization_spaces=False
-    )
-
-
-def target_text(t: Transition) -> str:
-    """The gold diff of a transition, as the model writes it."""
-    return format_target(make_diff(t.current, t.next))
-
-
-def transition_texts(transitions: Sequence[Transition]) -> Iterable[str]:
-    for t in transitions:
-        yield format_prompt(t.current, t.action, t.task)
-        yield target_text(t)
-
-
-def length_stats(lengths: Sequence[int]) -> dict[str, float]:
-    if not lengths:
-        return {"n": 0}
-    a = np.asarray(lengths)
-    return {"n": len(a), "mean": float(a.mean()), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "max": int(a.max())}
-
-
-def encode_examples(
-    transitions: Sequence[Transition],
-    tokenizer: PreTrainedTokenizerBase,
-    max_prompt_tokens: int,
-    max_target_tokens: int,
-) -> tuple[list[dict], dict]:
-    """Trainer examples (`prompt_ids`, `target_ids` ending in eos, and the `current` / `next` states the rewards
-    read), dropping those over the limits; and the length distribution before dropping."""
-    prompts = encode_prompts(tokenizer, transitions)
-    target_ids = tokenizer([target_text(t) for t in transitions], add_special_tokens=False)["input_ids"]
-    targets = [ids + [tokenizer.eos_token_id] for ids in target_ids]
-    examples, too_long = [], 0
-    for t, p, y in zip(transitions, prompts, targets):
-        if len(p) > max_prompt_tokens or len(y) > max_target_tokens:
-            too_long += 1
-            continue
-        examples.append({"prompt_ids": p, "target_ids": y, "current": t.current, "next": t.next})
-    stats = {
-        "prompt_tokens": length_stats([len(p) for p in prompts]),
-        "target_tokens": length_stats([len(y) for y in targets]),
-        "max_prompt_tokens": max_prompt_tokens,
-        "max_target_tokens": max_target_tokens,
-        "dropped_too_long": too_long,
-        "kept": len(examples),
-        "kept_changed": sum(is_changed(e["current"], e["next"]) for e in examples),
-    }
-    return examples, stats
-
-
 # ---------------------------------------------------------------------------------------------------- data
-
-
-def default_train_data() -> str:
-    return str(data_dir() / "train.jsonl.gz")
-
-
-def default_valid_data() -> str:
-    return str(data_dir() / "valid.jsonl.gz")
-
-
-def textworld_file(directory: str | os.PathLike) -> Path:
-    path = Path(directory) / TEXTWORLD_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{directory} holds no {TEXTWORLD_FILE}: write one with `rlvr-gym collect textworld --out {directory}`"
-        )
-    return path
-
-
-def load_training_transitions(
-    data: str, textworld: str, ratio: tuple[int, int] | None, seed: int, textworld_copies: int = 1
-) -> list[Transition]:
-    """The training file, plus `textworld_copies` copies of the TextWorld transitions of a collector directory,
-    balanced changed:unchanged."""
-    if textworld_copies < 1:
-        raise ValueError(f"textworld_copies must be >= 1 (copies of each TextWorld transition), got {textworld_copies}")
-    transitions = load_transitions(data)
-    if textworld:
-        extra = load_transitions(textworld_file(textworld))
-        log.info("mixing %d x %d TextWorld transitions from %s into %d from %s", textworld_copies, len(extra), textworld,
-                 len(transitions), data)
-        transitions += extra * textworld_copies
-    if ratio is not None:
-        transitions = balance(transitions, *ratio, seed=seed)
-    if not transitions:
-        raise ValueError(f"no training transitions left from {data} after balancing {ratio}")
-    return transitions
 
 
 def report_data(run_dir: Path, stats: dict, is_main: bool) -> None:
@@ -277,16 +166,14 @@ def held_out_evaluation(
         return held_out, None
 
     def eval_fn(model: torch.nn.Module) -> dict[str, float]:
-        return accuracy(model, tokenizer, decoded, config.eval_batch_size, max_new_tokens)
+        completions = sample_texts(model, tokenizer, encode_prompts(tokenizer, decoded), config.eval_batch_size,
+                                   max_new_tokens)
+        return accuracy_table([texts[0] for texts in completions], decoded)
 
     return held_out, eval_fn
 
 
 # ---------------------------------------------------------------------------------------------------- RLVR
-
-
-REWARDS = {"binary": binary_reward, "task": task_reward}
-DEFAULT_BALANCE = {"binary": (100, 40), "task": (100, 5)}
 
 
 @dataclass
@@ -350,124 +237,3 @@ def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
 # ---------------------------------------------------------------------------------------------------- TextWorld
 
 
-@dataclass
-class TextWorldCollectConfig:
-    out: str = "runs/textworld/train"
-    """Output directory: transitions.jsonl.gz, manifest.json, and the compiled games under games/."""
-    games: int = 20
-    """Games to generate, with seeds seed, seed+1, ...; held-out games need a range of seeds no training set used."""
-    seed: int = 0
-    """First game seed (also seeds the policies)."""
-    nb_rooms: int = 3
-    """Rooms per game."""
-    nb_objects: int = 5
-    """Objects per game (rooms, doors and the player not counted)."""
-    quest_length: int = 3
-    """Commands in each game's winning walkthrough."""
-    episodes: int = 2
-    """Episodes per game of the noisy walkthrough and of the random policy each (the walkthrough is played once)."""
-    noise: float = 0.3
-    """Probability that the noisy walkthrough takes a random admissible command."""
-    max_steps: int = 30
-    """Steps per episode at most."""
-
-
-def collect_textworld(
-    games: int,
-    seed: int,
-    out: str | os.PathLike,
-    nb_rooms: int = 3,
-    nb_objects: int = 5,
-    quest_length: int = 3,
-    episodes: int = 2,
-    noise: float = 0.3,
-    max_steps: int = 30,
-) -> Path:
-    """Generate `games` TextWorld games (seeds seed ... seed+games-1), play each with the walkthrough, a noisy
-    walkthrough and a random policy in the real engine, and write the distinct transitions as ByteSized32 records
-    to OUT/transitions.jsonl.gz (what `load_transitions` reads), with OUT/manifest.json; returns the JSONL path.
-
-    A game whose entities share a name cannot be converted to the object schema and is skipped (listed in the manifest).
-    """
-    from envs.textworld import game_name, make_game, noisy_walkthrough, play_episode, random_policy, walkthrough
-    from textworld import Game
-
-    if games < 1 or episodes < 0 or max_steps < 1:
-        raise ValueError(
-            "collect_textworld needs games >= 1, episodes >= 0 and max_steps >= 1, "
-            f"got games={games}, episodes={episodes}, max_steps={max_steps}"
-        )
-    out = Path(out)
-    game_dir = out / "games"
-    records, skipped = [], []
-    for game_seed in range(seed, seed + games):
-        path = make_game(game_seed, game_dir, nb_rooms, nb_objects, quest_length)
-        name = game_name(game_seed, nb_rooms, nb_objects, quest_length)
-        task = Game.load(str(path.with_suffix(".json"))).objective
-        plays = [walkthrough] + [noisy_walkthrough(noise)] * episodes + [random_policy] * episodes
-        seen: set[str] = set()
-        game_records = []
-        try:
-            for k, policy in enumerate(plays):
-                previous = ""
-                for t in play_episode(path, policy, game_seed * 10_000 + k, max_steps):
-                    key = json.dumps([t.state, t.command], sort_keys=True)
-                    if key not in seen:
-                        seen.add(key)
-                        game_records.append(textworld_record(name, len(game_records), task, previous, t))
-                    previous = t.command
-        except ValueError as error:
-            log.warning("skipping TextWorld game %s: %s", name, error)
-            skipped.append(game_seed)
-            continue
-        records += game_records
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / TEXTWORLD_FILE
-    tmp = out / f".{TEXTWORLD_FILE}.tmp"
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(tmp, target)
-    manifest = {
-        "seeds": [s for s in range(seed, seed + games) if s not in skipped],
-        "skipped_seeds": skipped,
-        "generation": {"nb_rooms": nb_rooms, "nb_objects": nb_objects, "quest_length": quest_length},
-        "episodes": {"walkthrough": 1, "noisy_walkthrough": episodes, "random": episodes},
-        "noise": noise,
-        "max_steps": max_steps,
-        "transitions": len(records),
-    }
-    atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2))
-    log.info("wrote %d TextWorld transitions from %d games to %s", len(records), games - len(skipped), target)
-    return target
-
-
-def textworld_record(game: str, state_id: int, task: str, previous_command: str, t: TextWorldTransition) -> dict:
-    """A ByteSized32 record of one TextWorld step (no world tick in TextWorld: action and tick states agree)."""
-
-    def game_state(state: dict, last_action: str) -> dict:
-        return {
-            "observation": "", "look": "", "inventory": "", "taskDesc": task, "lastAction": last_action,
-            "objects": state["objects"], "max_UUID": 1 + max((o["uuid"] for o in state["objects"]), default=-1),
-        }
-
-    def score_state(state: dict) -> dict:
-        return {"score": state["score"], "gameOver": state["gameOver"], "gameWon": state["gameWon"]}
-
-    after = game_state(t.next_state, t.command)
-    return {
-        "game": game,
-        "state_id": state_id,
-        "current_state": game_state(t.state, previous_command),
-        "action_state": after,
-        "tick_state": after,
-        "current_score_state": score_state(t.state),
-        "next_score_state": score_state(t.next_state),
-    }
-
-
-def run_collect_textworld(config: TextWorldCollectConfig) -> Path:
-    """CLI entry of `collect_textworld`."""
-    return collect_textworld(
-        config.games, config.seed, config.out, config.nb_rooms, config.nb_objects, config.quest_length,
-        config.episodes, config.noise, config.max_steps,
-    )

@@ -1,0 +1,513 @@
+"""Web datasets: real MiniWoB++ transitions recorded in Chromium, the byte-level BPE trained on them, and the prompts
+and targets a web world model reads and writes.
+
+Collection. `collect web` records (tree, action, next tree, reward, done) transitions with `envs.web`'s scripted
+policies at several skills (a skill below 1 takes random actions that often), several browsers in parallel
+processes. Episode i of a task in a collection with `--seed` s plays MiniWoB seed `s * 1_000_000 + i`, so sets
+collected with different seeds share no page; the trainers and `eval web` check it from the manifests. By default
+the training set covers 11 of the 13 tasks and two are held out entirely (`HELDOUT_TASKS`):
+- `enter-text` (type a word into a text field, press Submit): login-user types into text fields and presses a
+  button, search-engine types into a search box;
+- `click-collapsible-2` (expand sections, click a link in one): click-tab-2 reveals hidden panels, whose first line
+  loses `hidden: true`, in the same way, and click-link / click-tab-2 click links inside text.
+A dataset is one directory: `<task>.jsonl.gz` per task (one transition per line: utterance, tree_before, action,
+tree_after, reward, done, task, seed, step, skill, truncated) and `manifest.json` (tasks with their seeds and
+counts, the config, the command, timing), written last.
+
+Examples. An example is one transition: prompt = `format_prompt(utterance, tree, action)` after the bos token,
+target = `format_target(diff, reward, done)` and the eos token. The from-scratch tokenizer is a byte-level BPE whose
+pre-tokens keep an element id (`[12]`) and a state property (` hidden: true`) whole, so each can be one token.
+Prompts and targets are never truncated (a cut tree makes the diff refer to lines the model never saw): examples
+over the limits are dropped and counted. Measured on the 8,121 transitions of the 11 training tasks (160 episodes
+each, BPE 2,048): prompts median 449 / p90 830 / max 1,616 tokens, targets median 47 / p90 625 / max 870; the
+default 1,536 / 768 limits keep 8,103 (a datepicker's new month is a target of 600-870 tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import logging
+import multiprocessing
+import os
+import random
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing.util import Finalize
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from envs.web import TASKS, WebTaskEnv, record_transitions
+from envs.web.env import BROWSER_ERRORS
+from envs.web.solvers import EXPERTS
+from envs.web.tree import normalise_tree
+from rlvr_gym.data.textgame import SPECIAL_TOKENS, length_stats
+from rlvr_gym.domains.web import format_prompt, format_target, make_diff
+from rlvr_gym.files import atomic_write_text
+from rlvr_gym.logs import configure_logging
+
+log = logging.getLogger(__name__)
+
+FORMAT, FORMAT_VERSION = "rlvr-gym-web-transitions", 1
+Job = tuple[str, int, float]  # task, MiniWoB seed, skill
+
+
+HELDOUT_TASKS = ("enter-text", "click-collapsible-2")
+"""Tasks left out of the default training set (why these two: module docstring)."""
+
+
+TRAIN_TASKS = tuple(t for t in TASKS if t not in HELDOUT_TASKS)
+
+
+SEEDS_PER_RUN = 1_000_000
+"""Episode i of a task in a collection with seed s plays MiniWoB seed s * SEEDS_PER_RUN + i."""
+
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class WebCollectConfig:
+    out: str = "runs/web/train"
+    """Output directory: one <task>.jsonl.gz per task and manifest.json."""
+    tasks: tuple[str, ...] = TRAIN_TASKS
+    """Tasks to record (default: the 11 training tasks; the held-out set adds enter-text and click-collapsible-2)."""
+    episodes: int = 40
+    """Episodes per task."""
+    seed: int = 0
+    """Collection seed: episode i of a task plays MiniWoB seed seed * 1_000_000 + i; held-out sets use another one."""
+    skills: tuple[float, ...] = (1.0, 0.7, 0.4, 0.1)
+    """Scripted-policy skills, in turn (episode i gets skills[i % len]): the probability of an expert move at each
+    step, otherwise a random action."""
+    max_steps: int = 20
+    """Steps per episode at most (truncated after)."""
+    workers: int = 2
+    """Browsers recording in parallel processes (~170 MB each); each restarts its browser when it fails."""
+    overwrite: bool = False
+    """Replace a dataset already in `out`."""
+
+
+def collect_web(config: WebCollectConfig, env: WebTaskEnv | None = None) -> Path:
+    """Record the transitions and write them with the manifest; returns the output directory.
+
+    Pass `env` to record in a browser you already have (workers must be 1; it is left open and used with the
+    config's max_steps).
+    """
+    out = Path(config.out)
+    if env is not None and config.workers != 1:
+        raise ValueError("a browser passed in records alone: set workers to 1")
+    check_collection(config.tasks, config.episodes, config.seed, config.skills, config.max_steps, config.workers)
+    if (out / MANIFEST).exists():
+        if not config.overwrite:
+            raise FileExistsError(
+                f"{out} already holds a web dataset ({MANIFEST}): pick another --out or pass --overwrite"
+            )
+        for entry in read_manifest(out)["tasks"].values():
+            (out / entry["file"]).unlink(missing_ok=True)
+        (out / MANIFEST).unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = {task: {"file": f"{task}.jsonl.gz", "seeds": [], "failed_seeds": [], "transitions": 0, "successes": 0}
+             for task in config.tasks}  # fmt: skip
+    started = time.perf_counter()
+    current, lines = None, []
+
+    def flush() -> None:
+        path = out / tasks[current]["file"]
+        tmp = path.with_name(f".{path.name}.tmp")
+        with gzip.open(tmp, "wt", encoding="utf-8") as f:
+            f.writelines(lines)
+        os.replace(tmp, path)
+        lines.clear()
+
+    results = episode_results(config.tasks, config.episodes, config.seed, config.skills, config.max_steps,
+                              config.workers, env)  # fmt: skip
+    for (task, seed, _), records, error in results:
+        if task != current:
+            if current is not None:
+                flush()
+            current = task
+        entry = tasks[task]
+        if error is not None:
+            entry["failed_seeds"].append(seed)
+            continue
+        entry["seeds"].append(seed)
+        entry["transitions"] += len(records)
+        entry["successes"] += int(bool(records) and records[-1]["reward"] > 0)
+        lines.extend(json.dumps(r) + "\n" for r in records)
+    flush()
+    seconds = time.perf_counter() - started
+    total = sum(e["transitions"] for e in tasks.values())
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "tasks": tasks,
+        "transitions": total,
+        "episodes": sum(len(e["seeds"]) for e in tasks.values()),
+        "seconds": round(seconds, 1),
+        "transitions_per_s": round(total / seconds, 2),
+        "config": dataclasses.asdict(config),
+        "command": command_line(["rlvr-gym", "collect", "web"], config),
+    }
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+    log.info("wrote %d web transitions of %d tasks to %s (%.1f transitions/s)", total, len(tasks), out, total / seconds)
+    return out
+
+
+def collect_records(
+    tasks: Sequence[str],
+    episodes: int,
+    seed: int,
+    skills: Sequence[float] = (1.0, 0.7, 0.4, 0.1),
+    max_steps: int = 20,
+    workers: int = 1,
+) -> tuple[list[dict], dict[str, list[int]]]:
+    """Record transitions in memory: (records, task -> seeds of the episodes recorded), as `collect_web` would."""
+    check_collection(tasks, episodes, seed, skills, max_steps, workers)
+    records, seeds = [], {task: [] for task in tasks}
+    for (task, env_seed, _), episode, error in episode_results(tasks, episodes, seed, skills, max_steps, workers):
+        if error is None:
+            records += episode
+            seeds[task].append(env_seed)
+    return records, seeds
+
+
+def check_collection(tasks: Sequence[str], episodes: int, seed: int, skills: Sequence[float], max_steps: int,
+                     workers: int) -> None:  # fmt: skip
+    unknown = [t for t in tasks if t not in EXPERTS]
+    if unknown or not tasks:
+        raise ValueError(f"unknown or no tasks {unknown}: choose from {', '.join(TASKS)}")
+    if len(set(tasks)) != len(tasks):
+        raise ValueError(f"tasks repeat: {list(tasks)}; name each task once")
+    if not skills or not all(0.0 <= s <= 1.0 for s in skills):
+        raise ValueError(f"skills must be values in [0, 1] (1 = expert), got {list(skills)}")
+    if not 1 <= episodes <= SEEDS_PER_RUN:
+        raise ValueError(f"episodes must be in 1..{SEEDS_PER_RUN} (more would reach the next seed's pages)")
+    if seed < 0 or max_steps < 1 or workers < 1:
+        raise ValueError(f"seed must be >= 0, max_steps and workers >= 1; got {seed}, {max_steps}, {workers}")
+
+
+def episode_results(
+    tasks: Sequence[str],
+    episodes: int,
+    seed: int,
+    skills: Sequence[float],
+    max_steps: int,
+    workers: int,
+    env: WebTaskEnv | None = None,
+) -> Iterator[tuple[Job, list[dict], str | None]]:
+    """Play every (task, episode) and yield (job, transitions, error) in task-major order, whatever the workers."""
+    jobs = [(task, seed * SEEDS_PER_RUN + i, skills[i % len(skills)]) for task in tasks for i in range(episodes)]
+    if workers == 1:
+        recorder = _Recorder(max_steps, env)
+        results = map(recorder, jobs)
+
+        def stop() -> None:
+            if recorder.env is not env:
+                recorder.close()
+    else:
+        # fork, not spawn: a spawned worker would import torch and transformers again (seconds each) to unpickle
+        # its job function; the parent holds no browser and has not used torch's or tokenizers' threads yet.
+        pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), _init_worker, (max_steps,))
+        results = pool.map(_run_in_worker, jobs)
+
+        def stop() -> None:
+            pool.shutdown(cancel_futures=True)
+
+    bar = tqdm(total=len(jobs), desc="collect web", unit="ep", dynamic_ncols=True)
+    count = 0
+    try:
+        for job, (records, error) in zip(jobs, results):
+            count += len(records)
+            bar.update()
+            bar.set_postfix(transitions=count)
+            yield job, records, error
+    except BrokenProcessPool:
+        raise RuntimeError("a collection worker died; rerun with --workers 1 to see why") from None
+    finally:
+        stop()
+        bar.close()
+
+
+class _Recorder:
+    """Plays one episode per call in its browser; a browser that fails is replaced and the episode replayed once."""
+
+    def __init__(self, max_steps: int, env: WebTaskEnv | None = None):
+        self.max_steps = max_steps
+        self.env = env
+        if env is not None:
+            env.max_steps = max_steps
+
+    def __call__(self, job: Job) -> tuple[list[dict], str | None]:
+        task, seed, skill = job
+        error = None
+        for _ in range(2):
+            try:
+                if self.env is None:
+                    self.env = WebTaskEnv(task, max_steps=self.max_steps)
+                return list(record_transitions([task], 1, seed, (skill,), env=self.env)), None
+            except (*BROWSER_ERRORS, RuntimeError) as e:
+                error = f"{type(e).__name__}: {e}"
+                log.warning("browser failed on %s seed %d (%s); starting a fresh one", task, seed, error)
+                self.close()
+        log.warning("giving up on %s seed %d after two browsers failed", task, seed)
+        return [], error
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+
+
+_worker_recorder: _Recorder | None = None
+
+
+def _init_worker(max_steps: int) -> None:
+    global _worker_recorder
+    configure_logging(logging.WARNING)
+    _worker_recorder = _Recorder(max_steps)
+    # Quit the worker's browser when the pool shuts the worker down (multiprocessing runs these finalizers on exit).
+    Finalize(_worker_recorder, _worker_recorder.close, exitpriority=10)
+
+
+def _run_in_worker(job: Job) -> tuple[list[dict], str | None]:
+    return _worker_recorder(job)
+
+
+def command_line(words: Sequence[str], config) -> str:
+    """The command line that reproduces a flat config dataclass."""
+    out = list(words)
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else f"--no-{flag[2:]}")
+        elif isinstance(value, (tuple, list)):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return " ".join(out)
+
+
+def read_manifest(data_dir: str | os.PathLike) -> dict:
+    """A web dataset's manifest, checked for format and version."""
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{data_dir}: no {MANIFEST}, so not a web dataset (or its collection was interrupted); "
+            f"record one with `rlvr-gym collect web --out {data_dir}`"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); collect the dataset again") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r}, this rlvr-gym reads "
+            f"{FORMAT!r} version {FORMAT_VERSION}; collect the dataset again"
+        )
+    return manifest
+
+
+def load_web_data(data_dir: str | os.PathLike) -> tuple[list[dict], dict]:
+    """All transitions of a web dataset in task order, and its manifest."""
+    manifest = read_manifest(data_dir)
+    records = []
+    for task, entry in manifest["tasks"].items():
+        path = Path(data_dir) / entry["file"]
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: listed in {MANIFEST} but missing; copy the whole dataset directory")
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                part = [json.loads(line) for line in f if line.strip()]
+        except (OSError, EOFError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: corrupt ({type(e).__name__}: {e}); collect the dataset again") from None
+        if len(part) != entry["transitions"]:
+            raise ValueError(f"{path}: holds {len(part)} transitions, {MANIFEST} says {entry['transitions']}")
+        for record in part:  # datasets recorded before hidden subtrees were marked once read the same
+            for key in ("tree_before", "tree_after"):
+                record[key] = normalise_tree(record[key])
+        records += part
+    return records, manifest
+
+
+def episodes_of(manifest: dict) -> dict[str, list[int]]:
+    """task -> MiniWoB seeds of the episodes a dataset holds."""
+    return {task: list(entry["seeds"]) for task, entry in manifest["tasks"].items()}
+
+
+def load_train_and_eval(
+    data: Sequence[str], eval_data: str
+) -> tuple[list[dict], list[tuple[str, dict]], list[dict], dict | None]:
+    """Training records of one or more datasets with their (directory, manifest) pairs, and held-out records and
+    manifest (none when eval_data is empty); no two of the sets share an episode."""
+    if isinstance(data, (str, os.PathLike)):
+        data = [data]
+    train: list[dict] = []
+    manifests: list[tuple[str, dict]] = []
+    for directory in data:
+        records, manifest = load_web_data(directory)
+        for other, other_manifest in manifests:
+            check_disjoint_episodes(episodes_of(other_manifest), episodes_of(manifest), other, str(directory))
+        train += records
+        manifests.append((str(directory), manifest))
+    if not train:
+        raise ValueError(f"{', '.join(map(str, data))} holds no transitions: collect more episodes")
+    if not eval_data:
+        return train, manifests, [], None
+    held_out, eval_manifest = load_web_data(eval_data)
+    for directory, manifest in manifests:
+        check_disjoint_episodes(episodes_of(manifest), episodes_of(eval_manifest), directory, eval_data)
+    return train, manifests, held_out, eval_manifest
+
+
+# GPT-2's pre-tokenizer pattern, after two of ours: an element id `[12]` and a state property ` hidden: true` are
+# single pre-tokens, so BPE can make each one token (GPT-2's pattern splits them into 3 and 4 pieces). On the
+# held-out set this cuts prompt + target tokens by 25% at a 2,048-token vocabulary.
+TREE_PRETOKENS = (
+    r"\[\d+\]| [a-z]+: (?:true|false|\d+)"
+    r"|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+)
+
+
+def train_web_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on the texts, with tree ids and state properties as pre-tokens, and <pad>, <s> (bos),
+    </s> (eos); any text encodes, none is unknown."""
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(TREE_PRETOKENS), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(texts, trainer)
+    pad, bos, eos = SPECIAL_TOKENS
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=pad, bos_token=bos, eos_token=eos, clean_up_tokenization_spaces=False
+    )
+
+
+def transition_texts(records: Sequence[dict]) -> Iterator[str]:
+    for r in records:
+        yield prompt_text(r)
+        yield target_text(r)
+
+
+def encode_examples(
+    records: Sequence[dict], tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int, max_target_tokens: int
+) -> tuple[list[dict], dict]:
+    """Trainer examples (`prompt_ids`, `target_ids` ending in eos, and the columns `web_reward` reads), dropping
+    those over the limits; and the length distribution before dropping, overall and per task."""
+    prompts, targets = encode_prompts(tokenizer, records), encode_targets(tokenizer, records)
+    examples, dropped = [], {}
+    for r, p, y in zip(records, prompts, targets):
+        if len(p) > max_prompt_tokens or len(y) > max_target_tokens:
+            dropped[r["task"]] = dropped.get(r["task"], 0) + 1
+            continue
+        examples.append({
+            "prompt_ids": p, "target_ids": y, "tree_before": r["tree_before"], "tree_after": r["tree_after"],
+            "reward": r["reward"], "done": r["done"],
+        })  # fmt: skip
+    per_task = {}
+    for task in dict.fromkeys(r["task"] for r in records):
+        index = [i for i, r in enumerate(records) if r["task"] == task]
+        per_task[task] = {
+            "prompt_tokens": length_stats([len(prompts[i]) for i in index]),
+            "target_tokens": length_stats([len(targets[i]) for i in index]),
+            "dropped_too_long": dropped.get(task, 0),
+        }
+    stats = {
+        "prompt_tokens": length_stats([len(p) for p in prompts]),
+        "target_tokens": length_stats([len(y) for y in targets]),
+        "max_prompt_tokens": max_prompt_tokens,
+        "max_target_tokens": max_target_tokens,
+        "dropped_too_long": sum(dropped.values()),
+        "kept": len(examples),
+        "per_task": per_task,
+    }
+    return examples, stats
+
+
+def write_training_record(model_dir: Path, manifests: Sequence[tuple[str, dict]], base: dict | None = None) -> None:
+    """web_training.json beside a trained model: the tasks and episodes of its data and of the model it started
+    from."""
+    seeds = {task: list(s) for task, s in (base or {}).get("seeds", {}).items()}
+    for _, manifest in manifests:
+        for task, task_seeds in episodes_of(manifest).items():
+            seeds[task] = sorted(set(seeds.get(task, [])) | set(task_seeds))
+    record = {
+        "tasks": sorted(t for t, s in seeds.items() if s),
+        "data": [*(base or {}).get("data", []), *(path for path, _ in manifests)],
+        "seeds": seeds,
+    }
+    atomic_write_text(model_dir / TRAINING_RECORD, json.dumps(record))
+
+
+TRAINING_RECORD = "web_training.json"
+"""Written beside a trained model: the tasks and (task, seed) episodes it was trained on."""
+
+
+def prompt_text(record: dict) -> str:
+    """The model's input for a recorded transition: task, tree before, action."""
+    return format_prompt(record["utterance"], record["tree_before"], record["action"])
+
+
+def target_text(record: dict) -> str:
+    """The gold output for a recorded transition: its diff, reward and done."""
+    return format_target(make_diff(record["tree_before"], record["tree_after"]), record["reward"], record["done"])
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, records: Sequence[dict]) -> list[list[int]]:
+    """Token ids of each transition's prompt, after the bos token when the tokenizer has one."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return [bos + ids for ids in tokenizer([prompt_text(r) for r in records], add_special_tokens=False)["input_ids"]]
+
+
+def encode_targets(tokenizer: PreTrainedTokenizerBase, records: Sequence[dict]) -> list[list[int]]:
+    """Token ids of each transition's gold output, ending with the eos token the sampler stops on."""
+    ids = tokenizer([target_text(r) for r in records], add_special_tokens=False)["input_ids"]
+    return [y + [tokenizer.eos_token_id] for y in ids]
+
+
+def subsample(records: Sequence[dict], limit: int, seed: int) -> list[dict]:
+    """A seeded random `limit` of the records in their order (all when limit is 0)."""
+    if limit <= 0 or limit >= len(records):
+        return list(records)
+    keep = sorted(random.Random(seed).sample(range(len(records)), limit))
+    return [records[i] for i in keep]
+
+
+def read_training_record(model_dir: str | os.PathLike) -> dict | None:
+    """The tasks and episodes a model directory was trained on (`web_training.json` in it), or None."""
+    path = Path(model_dir) / TRAINING_RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); delete it and pass --seen-tasks") from None
+    if not isinstance(record.get("tasks"), list) or not isinstance(record.get("seeds"), dict):
+        raise ValueError(f"{path} lacks 'tasks' (a list) or 'seeds' (task -> seeds); delete it and pass --seen-tasks")
+    return record
+
+
+def check_disjoint_episodes(a: dict[str, Sequence[int]], b: dict[str, Sequence[int]], what_a: str, what_b: str) -> None:
+    """Raise ValueError if two sets of episodes (task -> MiniWoB seeds) share a (task, seed): the same page."""
+    shared = [(task, s) for task in sorted(set(a) & set(b)) for s in sorted(set(a[task]) & set(b[task]))]
+    if shared:
+        examples = ", ".join(f"{t} seed {s}" for t, s in shared[:3])
+        raise ValueError(
+            f"{what_a} and {what_b} share {len(shared)} episodes ({examples}): collect each set with its own --seed "
+            "(held-out episodes must be new pages, and two training sets would repeat pages)"
+        )
