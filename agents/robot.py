@@ -21,9 +21,10 @@ from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecMonitor
 
 from envs.robot import TASKS, RealRT1Env
 from rlvr_gym.data.episodes import SEEDS_PER_RUN
+from rlvr_gym.data.robot import load_initial_states
 from rlvr_gym.evaluation.policies import policy_frames, real_rollout, sb3_actor
 from rlvr_gym.models.robot_world_model import RobotWorldModel
-from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON, load_initial_states
+from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON
 from rlvr_gym.sim.sb3 import SB3VecEnv
 
 DEFAULT_FRAME_SIZE = 32

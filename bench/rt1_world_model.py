@@ -18,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import torch
 
+from rlvr_gym.data import video_tokens as V
 from rlvr_gym.domains import robot as R
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.evaluation.robot import (
@@ -38,7 +39,7 @@ BEST_OF = (1, 2, 4, 8, 16, 32, 64, 100)
 
 def last_prompt_frame(prompt: list[int], frame_tokens: int) -> np.ndarray:
     """The codes of the most recent frame in a prompt (it ends with frame, flag, action)."""
-    return np.asarray(prompt[-(R.ACTION_DIM + 1 + frame_tokens) : -(R.ACTION_DIM + 1)])
+    return np.asarray(prompt[-(V.ACTION_DIM + 1 + frame_tokens) : -(V.ACTION_DIM + 1)])
 
 
 def repetition_rejection(world: RobotWorldModel, tries: int = 4):

@@ -24,10 +24,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from rlvr_gym.data.web import WebCollectConfig, collect_web
+from envs.web import TASKS
+from rlvr_gym.data.web_collect import WebCollectConfig, collect_web
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.evaluation.web import WebEvalConfig, run_web_eval
-from rlvr_gym.train.web import TASKS
 
 OUT = Path("runs/bench")
 DATA = OUT / "web_eval_data"

@@ -18,3 +18,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 def read_log(run_dir: str | os.PathLike) -> list[dict]:
     path = Path(run_dir) / "log.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory is missing, incomplete or unreadable."""

@@ -109,7 +109,7 @@ def world_model_section(config: QuickstartConfig, out: Path) -> Section:
     from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
     from rlvr_gym.evaluation.robot import evaluate_world_model, rollout_gif, summary_line
     from rlvr_gym.models.robot_world_model import RobotWorldModel
-    from rlvr_gym.train.robot import RT1RLVRConfig, run_rt1_rlvr
+    from rlvr_gym.train.rt1_rlvr import RT1RLVRConfig, run_rt1_rlvr
 
     data = out / "episodes"
     collect(CollectConfig(out=str(data / "train"), episodes=config.rlvr_episodes, seed=config.rt1_seed + 1, horizon=30))
@@ -171,8 +171,8 @@ def simulator_section(config: QuickstartConfig, out: Path) -> Section:
 
     import rlvr_gym  # noqa: F401  (registers the env ids)
     from envs.robot import make_scripted_policy
+    from rlvr_gym.data.robot import load_initial_states
     from rlvr_gym.models.robot_world_model import RobotWorldModel
-    from rlvr_gym.sim.robot import load_initial_states
 
     sim = gym.make("RLVRWorld-RT1-v0")
     obs, info = sim.reset(seed=0)

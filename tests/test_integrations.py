@@ -13,12 +13,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from rlvr_gym.data import video_tokens as V
 from rlvr_gym.data.bytesized32 import load_transitions
+from rlvr_gym.data.textgame import target_text
 from rlvr_gym.domains import textgame, web
 from rlvr_gym.integrations import trl as trl_rewards
 from rlvr_gym.integrations.export import ExportConfig, export, verl_rows
 from rlvr_gym.integrations.verl import compute_score
-from rlvr_gym.data.textgame import target_text
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bytesized32_small.jsonl"
 TREE_BEFORE = "[1] RootWebArea 'Click submit'\n\t[2] button 'Submit'\n\t[3] StaticText 'hello'"
@@ -171,8 +172,8 @@ def test_trl_grpo_trainer_runs_on_exported_textgame_data(tmp_path):
     from datasets import load_from_disk
     from trl import GRPOTrainer
 
-    from rlvr_gym.models.lm import LlamaSize, build_llama
     from rlvr_gym.data.textgame import train_tokenizer, transition_texts
+    from rlvr_gym.models.lm import LlamaSize, build_llama
 
     torch.set_num_threads(1)
     path = export(ExportConfig(format="trl", out=str(tmp_path / "trl"), data=str(FIXTURE), balance=False, limit=4))
@@ -216,13 +217,12 @@ def rt1_data(tmp_path_factory):
 
 def rt1_completions(next_ids: list[list[int]]) -> list[str]:
     """For each row: the real next frame's codes, random codes (with the real flag), and text that is no frame."""
-    from rlvr_gym.domains import robot as R
     from rlvr_gym.integrations.verl import rt1_token_text
 
     rng = np.random.default_rng(0)
     out = []
     for ids in next_ids:
-        random_codes = [int(c) for c in rng.integers(0, R.CODEBOOK_SIZE, R.FRAME_TOKENS)] + [ids[-1]]
+        random_codes = [int(c) for c in rng.integers(0, V.CODEBOOK_SIZE, V.FRAME_TOKENS)] + [ids[-1]]
         out += [rt1_token_text(ids), rt1_token_text(random_codes), "<f12><f7> the next frame"]
     return out
 
@@ -230,27 +230,26 @@ def rt1_completions(next_ids: list[list[int]]) -> list[str]:
 def test_rt1_token_names_round_trip_the_whole_vocabulary_through_the_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    from rlvr_gym.domains import robot as R
     from rlvr_gym.integrations.verl import rt1_token_ids, rt1_token_text, rt1_tokenizer
 
     tokenizer = rt1_tokenizer()
-    ids = list(range(R.VOCAB_SIZE))
+    ids = list(range(V.VOCAB_SIZE))
     text = rt1_token_text(ids)
-    assert len(tokenizer) == R.VOCAB_SIZE
+    assert len(tokenizer) == V.VOCAB_SIZE
     assert rt1_token_ids(text) == ids and tokenizer(text).input_ids == ids
     assert text.startswith("<f0><f1>")
-    assert rt1_token_text([R.ACTION_OFFSET + 255, R.FLAG_SUCCESS, R.BOS]) == "<a255><success><bos>"
+    assert rt1_token_text([V.ACTION_OFFSET + 255, V.FLAG_SUCCESS, V.BOS]) == "<a255><success><bos>"
     # TRL and verl decode completions without special tokens: every frame code, bin and flag survives
     decoded = tokenizer.decode(ids, skip_special_tokens=True)
-    assert rt1_token_ids(decoded) == ids[: R.BOS]
-    assert rt1_token_ids(" <f3>\n<running> ") == [3, R.FLAG_RUNNING]
+    assert rt1_token_ids(decoded) == ids[: V.BOS]
+    assert rt1_token_ids(" <f3>\n<running> ") == [3, V.FLAG_RUNNING]
     for bad in ("<f3>hello", "<f1000>", "<g1>"):
         with pytest.raises(ValueError):
             rt1_token_ids(bad)
     # verl loads the tokenizer from the model directory
     tokenizer.save_pretrained(tmp_path)
     reloaded = AutoTokenizer.from_pretrained(tmp_path)
-    assert reloaded(text).input_ids == ids and (reloaded.bos_token_id, reloaded.eos_token_id) == (R.BOS, R.PAD)
+    assert reloaded(text).input_ids == ids and (reloaded.bos_token_id, reloaded.eos_token_id) == (V.BOS, V.PAD)
     chat = reloaded.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True)
     assert chat["input_ids"] == ids
 
@@ -259,9 +258,8 @@ def test_rt1_export_holds_the_trainers_prompts_and_the_real_next_frames(rt1_data
     import pyarrow.parquet as pq
     from datasets import load_from_disk
 
-    from rlvr_gym.domains import robot as R
+    from rlvr_gym.data.robot import episode_codes, frame_flags, rlvr_examples
     from rlvr_gym.integrations.verl import decode_frame, rt1_tokenizer, rt1_world
-    from rlvr_gym.train.robot import episode_codes, frame_flags, rlvr_examples
 
     episodes, trl_dir, parquet = rt1_data
     world = rt1_world("rt1-rlvr")
@@ -283,7 +281,7 @@ def test_rt1_export_holds_the_trainers_prompts_and_the_real_next_frames(rt1_data
         assert tokenizer(trl_row["prompt"]).input_ids == example["prompt_ids"]
         chat = tokenizer.apply_chat_template(verl_row["prompt"], tokenize=True, add_generation_prompt=True)
         assert chat["input_ids"] == example["prompt_ids"]
-        assert trl_row["next_ids"] == R.step_tokens(codes[e][t + 1], frame_flags(episodes[e])[t + 1])
+        assert trl_row["next_ids"] == V.step_tokens(codes[e][t + 1], frame_flags(episodes[e])[t + 1])
         assert np.array_equal(decode_frame(trl_row["next_frame"]), episodes[e].frames[t + 1])
         assert np.array_equal(decode_frame(trl_row["context_frame"]), episodes[e].frames[0])
         gold = json.loads(verl_row["reward_model"]["ground_truth"])
@@ -299,8 +297,8 @@ def test_rt1_export_holds_the_trainers_prompts_and_the_real_next_frames(rt1_data
 def test_rt1_reward_scores_the_real_next_frame_above_random_codes_as_the_trainer_does(rt1_data):
     from datasets import load_from_disk
 
+    from rlvr_gym.domains.robot import frame_reward_fn
     from rlvr_gym.integrations.verl import RT1_PARSE_FAILURE, rt1_token_ids, rt1_world
-    from rlvr_gym.train.robot import frame_reward_fn
 
     episodes, trl_dir, _ = rt1_data
     dataset = load_from_disk(str(trl_dir))
@@ -368,7 +366,6 @@ def test_trl_grpo_trainer_runs_on_exported_rt1_data(rt1_data, tmp_path):
     from datasets import load_from_disk
     from trl import GRPOTrainer
 
-    from rlvr_gym.domains import robot as R
     from rlvr_gym.integrations.verl import RT1_PARSE_FAILURE, rt1_token_ids
 
     torch.set_num_threads(1)
@@ -378,7 +375,7 @@ def test_trl_grpo_trainer_runs_on_exported_rt1_data(rt1_data, tmp_path):
     model, tokenizer = trl_rewards.rt1_policy("rt1-rlvr")
     calls = []
     trainer = GRPOTrainer(model=model, reward_funcs=recorded(trl_rewards.rt1_frame_reward, calls),
-                          args=tiny_grpo_args(tmp_path, lr=1e-5, completion_tokens=R.rollout_length(1)),
+                          args=tiny_grpo_args(tmp_path, lr=1e-5, completion_tokens=V.rollout_length(1)),
                           train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
     trainer.train()
     assert trainer.state.global_step == 2 and len(calls) == 2
@@ -386,7 +383,7 @@ def test_trl_grpo_trainer_runs_on_exported_rt1_data(rt1_data, tmp_path):
         assert len(scores) == len(kwargs["completions"]) == len(kwargs["next_frame"]) == 4
         for prompt, text, ids in zip(kwargs["prompts"], kwargs["completions"], kwargs["completion_ids"]):
             # the decoded completion names exactly the world-model ids that were sampled
-            assert rt1_token_ids(text) == [i for i in ids if i != R.PAD]
+            assert rt1_token_ids(text) == [i for i in ids if i != V.PAD]
             assert dataset["prompt_ids"][dataset["prompt"].index(prompt)] == tokenizer(prompt).input_ids
         # TRL samples without the trainer's allowed-token mask, so some samples put a bin where a code goes
         assert all(s == RT1_PARSE_FAILURE or RT1_PARSE_FAILURE < s < 0.0 for s in scores)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from stable_baselines3 import PPO
 
 from envs.robot import RealRT1Env, make_scripted_policy
+from rlvr_gym.data.robot import INITIAL_STATES, load_initial_states
 from rlvr_gym.evaluation.policies import (
     RT1PolicyEvalConfig,
     mae,
@@ -25,7 +26,7 @@ from rlvr_gym.evaluation.policies import (
 )
 from rlvr_gym.models.lm import CheckpointError
 from rlvr_gym.models.robot_world_model import RobotWorldModel
-from rlvr_gym.sim.robot import INITIAL_STATES, RT1WorldEnv, load_initial_states
+from rlvr_gym.sim.robot import RT1WorldEnv
 
 CHECKPOINT = "rt1-rlvr"
 TASK = "open_drawer"

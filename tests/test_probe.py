@@ -8,8 +8,16 @@ import pytest
 
 from envs.web import browser_available
 from rlvr_gym.evaluation.probe import (
-    AXES, ProbeConfig, TextProbeConfig, WebProbeConfig, last_button, probe_rt1, probe_textgame, probe_web,
-    rt1_probe_actions, summarize,
+    AXES,
+    ProbeConfig,
+    TextProbeConfig,
+    WebProbeConfig,
+    last_button,
+    probe_rt1,
+    probe_textgame,
+    probe_web,
+    rt1_probe_actions,
+    summarize,
 )
 
 

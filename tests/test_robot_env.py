@@ -8,8 +8,15 @@ from envs.robot import ENV_ID, OBJECT_NAMES, TASKS, RealRT1Env, make_scripted_po
 from envs.robot.env import DEFAULT_HORIZON
 from envs.robot.scene import OBJECT_HALF_SIZE
 from envs.robot.tasks import (
-    DRAWER_CLOSED, DRAWER_OPEN, NEAR_DISTANCE, ON_TARGET_DISTANCE, all_tasks, is_success, success_margin,
-    task_and_layout, task_from_instruction,
+    DRAWER_CLOSED,
+    DRAWER_OPEN,
+    NEAR_DISTANCE,
+    ON_TARGET_DISTANCE,
+    all_tasks,
+    is_success,
+    success_margin,
+    task_and_layout,
+    task_from_instruction,
 )
 
 

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from rlvr_gym.domains import robot
-from rlvr_gym.domains import lpips
+from rlvr_gym.data import video_tokens as V
+from rlvr_gym.domains import lpips, robot
 
 torch.set_num_threads(1)
 
@@ -134,26 +134,26 @@ def test_ssim_of_flat_frames_is_the_luminance_term():
 @settings(max_examples=50, deadline=None)
 @given(arrays(np.float64, (5, 7), elements=st.floats(-1, 1)))
 def test_action_binning_round_trip_is_within_half_a_bin(actions):
-    bins = robot.actions_to_bins(actions)
+    bins = V.actions_to_bins(actions)
     assert bins.dtype == np.int64 and bins.min() >= 0 and bins.max() <= 255
-    assert np.abs(robot.bins_to_actions(bins) - actions).max() <= robot.BIN_SPACING / 2 + 1e-6
-    np.testing.assert_array_equal(robot.actions_to_bins(torch.from_numpy(actions)).numpy(), bins)
+    assert np.abs(V.bins_to_actions(bins) - actions).max() <= V.BIN_SPACING / 2 + 1e-6
+    np.testing.assert_array_equal(V.actions_to_bins(torch.from_numpy(actions)).numpy(), bins)
 
 
 def test_action_binning_keeps_extremes_exact_and_clips_outside():
     actions = np.array([[-1, 1, 0, -1.5, 2.0, 1, -1]])
-    bins = robot.actions_to_bins(actions)
+    bins = V.actions_to_bins(actions)
     assert bins.tolist() == [[0, 255, 128, 0, 255, 255, 0]]
-    np.testing.assert_array_equal(robot.bins_to_actions(bins)[0, [0, 1, 3, 4]], [-1, 1, -1, 1])
+    np.testing.assert_array_equal(V.bins_to_actions(bins)[0, [0, 1, 3, 4]], [-1, 1, -1, 1])
 
 
 def test_action_binning_rejects_bad_input():
     with pytest.raises(ValueError, match=r"\[\.\.\., 7\]"):
-        robot.actions_to_bins(np.zeros((2, 6)))
+        V.actions_to_bins(np.zeros((2, 6)))
     with pytest.raises(ValueError, match="NaN"):
-        robot.actions_to_bins(np.full((1, 7), np.nan))
+        V.actions_to_bins(np.full((1, 7), np.nan))
     with pytest.raises(ValueError, match="0..255"):
-        robot.bins_to_actions(np.full((1, 7), 256))
+        V.bins_to_actions(np.full((1, 7), 256))
 
 
 def test_repetition_rate_counts_frames_equal_to_the_previous_one():

@@ -7,21 +7,30 @@ import numpy as np
 import pytest
 import torch
 
+from rlvr_gym.data import video_tokens as V
 from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
+from rlvr_gym.data.robot import episode_codes, frame_flags, mle_examples, windows_with_moves
 from rlvr_gym.domains import robot as R
+from rlvr_gym.files import read_log
 from rlvr_gym.models.frame_tokenizer import FSQ, FrameTokenizer, FrameTokenizerConfig
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig, warp
 from rlvr_gym.models.robot_world_model import RobotWorldModel, RolloutStart, WorldModelSettings
-from rlvr_gym.train.grpo import GRPOConfig
-from rlvr_gym.train.robot import (
-    ReaderConfig, RefinerConfig, RT1MLEConfig, RT1RLVRConfig, TokenizerConfig, draw_refiner_batch, episode_codes,
-    episode_spans, frame_flags, frame_pairs, mle_examples, reconstruction_loss, rollout_starts, rollout_transitions,
-    run_rt1_mle, run_rt1_rlvr, salient_pixels, train_frame_tokenizer, train_motion_refiner, train_state_reader,
-    windows_with_moves,
+from rlvr_gym.train.frame_tokenizer import (
+    TokenizerConfig,
+    episode_spans,
+    frame_pairs,
+    reconstruction_loss,
+    salient_pixels,
+    train_frame_tokenizer,
 )
-from rlvr_gym.files import read_log
+from rlvr_gym.train.grpo import GRPOConfig
+from rlvr_gym.train.refiner import RefinerConfig, draw_refiner_batch, rollout_transitions, train_motion_refiner
+from rlvr_gym.train.robot import rollout_starts
+from rlvr_gym.train.rt1_mle import RT1MLEConfig, run_rt1_mle
+from rlvr_gym.train.rt1_rlvr import RT1RLVRConfig, run_rt1_rlvr
 from rlvr_gym.train.sft import SFTConfig
+from rlvr_gym.train.state_reader import ReaderConfig, train_state_reader
 
 
 def test_fsq_indices_round_trip_over_the_whole_codebook():
@@ -56,27 +65,27 @@ def test_tokenizer_saves_and_loads_with_identical_tokens(tmp_path):
 def test_token_layout_places_frames_flags_and_actions():
     codes = np.arange(3 * 64).reshape(3, 64) % 1000
     actions = np.stack([np.full(7, -1.0), np.zeros(7), np.full(7, 1.0)]).astype(np.float32)
-    tokens = R.window_tokens(codes, [False, False, True], actions)
-    assert len(tokens) == 1 + 3 * R.STEP_TOKENS and tokens[0] == R.BOS
-    assert tokens[1 + 64] == R.FLAG_RUNNING and tokens[1 + 2 * R.STEP_TOKENS + 64] == R.FLAG_SUCCESS
-    assert tokens[1 + 65 : 1 + 72] == [R.ACTION_OFFSET] * 7
-    assert tokens[-7:] == [R.ACTION_OFFSET + 255] * 7
-    forced = R.rollout_forced_tokens(actions[:2], success=[False, False, True])
+    tokens = V.window_tokens(codes, [False, False, True], actions)
+    assert len(tokens) == 1 + 3 * V.STEP_TOKENS and tokens[0] == V.BOS
+    assert tokens[1 + 64] == V.FLAG_RUNNING and tokens[1 + 2 * V.STEP_TOKENS + 64] == V.FLAG_SUCCESS
+    assert tokens[1 + 65 : 1 + 72] == [V.ACTION_OFFSET] * 7
+    assert tokens[-7:] == [V.ACTION_OFFSET + 255] * 7
+    forced = V.rollout_forced_tokens(actions[:2], success=[False, False, True])
     assert sorted(forced) == [64, *range(65, 72), 136, *range(137, 144), 208]
-    assert forced[208] == R.FLAG_SUCCESS and forced[65] == R.ACTION_OFFSET
-    allowed = R.rollout_allowed_tokens(3)
-    assert allowed.shape == (R.rollout_length(3), R.VOCAB_SIZE)
+    assert forced[208] == V.FLAG_SUCCESS and forced[65] == V.ACTION_OFFSET
+    allowed = V.rollout_allowed_tokens(3)
+    assert allowed.shape == (V.rollout_length(3), V.VOCAB_SIZE)
     assert allowed[0, :1000].all() and not allowed[0, 1000:].any()
-    assert allowed[64].nonzero().flatten().tolist() == [R.FLAG_RUNNING, R.FLAG_SUCCESS]
+    assert allowed[64].nonzero().flatten().tolist() == [V.FLAG_RUNNING, V.FLAG_SUCCESS]
 
 
 def test_rollouts_parse_or_explain_why_not():
-    good = list(range(64)) + [R.FLAG_SUCCESS] + [R.ACTION_OFFSET] * 7 + list(range(64)) + [R.FLAG_RUNNING]
-    frames, flags, error = R.parse_rollout(good, 2)
+    good = list(range(64)) + [V.FLAG_SUCCESS] + [V.ACTION_OFFSET] * 7 + list(range(64)) + [V.FLAG_RUNNING]
+    frames, flags, error = V.parse_rollout(good, 2)
     assert error is None and frames.shape == (2, 64) and flags.tolist() == [True, False]
-    assert "tokens" in R.parse_rollout(good[:-1], 2)[2]
-    assert "not a frame code" in R.parse_rollout([R.BOS] + good[1:], 2)[2]
-    assert "success flag" in R.parse_rollout(good[:64] + [5] + good[65:], 2)[2]
+    assert "tokens" in V.parse_rollout(good[:-1], 2)[2]
+    assert "not a frame code" in V.parse_rollout([V.BOS] + good[1:], 2)[2]
+    assert "success flag" in V.parse_rollout(good[:64] + [5] + good[65:], 2)[2]
 
 
 def test_mle_examples_mask_actions_out_of_the_loss():
@@ -87,10 +96,10 @@ def test_mle_examples_mask_actions_out_of_the_loss():
     examples = mle_examples(codes, episode, window=3)
     assert len(examples) == 3
     first = examples[0]
-    assert len(first["prompt_ids"]) == 1 + R.STEP_TOKENS
-    assert len(first["target_ids"]) == 2 * R.STEP_TOKENS - 7
-    assert sum(first["target_mask"]) == 2 * (R.FRAME_TOKENS + 1)
-    assert first["target_ids"][-1] == R.FLAG_RUNNING and examples[2]["target_ids"][-1] == R.FLAG_SUCCESS
+    assert len(first["prompt_ids"]) == 1 + V.STEP_TOKENS
+    assert len(first["target_ids"]) == 2 * V.STEP_TOKENS - 7
+    assert sum(first["target_mask"]) == 2 * (V.FRAME_TOKENS + 1)
+    assert first["target_ids"][-1] == V.FLAG_RUNNING and examples[2]["target_ids"][-1] == V.FLAG_SUCCESS
 
 
 def test_mle_examples_weigh_the_codes_that_changed_since_the_frame_before():
@@ -102,10 +111,10 @@ def test_mle_examples_weigh_the_codes_that_changed_since_the_frame_before():
     codes[2, 20] = 3
     first = mle_examples(codes, episode, window=3, changed_weight=4.0)[0]
     mask = np.asarray(first["target_mask"])
-    step = R.STEP_TOKENS
+    step = V.STEP_TOKENS
     assert set(np.flatnonzero(mask[:step] == 4.0)) == {5, 9}
     assert set(np.flatnonzero(mask[step:] == 4.0)) == {5, 9, 20}
-    assert (mask[:step][R.FRAME_TOKENS + 1 :] == 0).all()  # actions stay out of the loss
+    assert (mask[:step][V.FRAME_TOKENS + 1 :] == 0).all()  # actions stay out of the loss
     plain = mle_examples(codes, episode, window=3)[0]["target_mask"]
     assert sorted(set(plain)) == [0.0, 1.0]
 
@@ -237,12 +246,12 @@ def test_multi_step_prediction_slides_the_context_window_as_the_env_steps(tiny_w
     # The same rollout one frame at a time, each prompt the last context_steps steps with the predicted frame in.
     current = prompt
     for step in range(k):
-        assert len(current) == 1 + world.settings.context_steps * R.STEP_TOKENS
+        assert len(current) == 1 + world.settings.context_steps * V.STEP_TOKENS
         one, prob, _ = world.predict([current], k=1)
         assert (one[0, 0] == rolled[0, step]).all() and np.isclose(prob[0, 0], success[0, step])
         if step < k - 1:
             current = world.slide(current, one[0, 0], bool(prob[0, 0] > 0.5), episode.actions[2 + step])
-    assert current[-R.STEP_TOKENS : -R.STEP_TOKENS + R.FRAME_TOKENS] == rolled[0, k - 2].tolist()
+    assert current[-V.STEP_TOKENS : -V.STEP_TOKENS + V.FRAME_TOKENS] == rolled[0, k - 2].tolist()
 
 
 def test_a_16x16_token_tokenizer_carries_through_mle_rollouts_and_rlvr(tiny_world):
@@ -257,7 +266,7 @@ def test_a_16x16_token_tokenizer_carries_through_mle_rollouts_and_rlvr(tiny_worl
     episode = load_episodes(root / "heldout")[0]
     codes = world.encode(episode.frames[:2], episode.frames[:1])
     prompt = world.prompt(codes, [False, False], episode.actions[:2])
-    assert len(prompt) == 1 + 2 * (256 + 1 + R.ACTION_DIM)
+    assert len(prompt) == 1 + 2 * (256 + 1 + V.ACTION_DIM)
     predicted, _, errors = world.predict([prompt], k=3, future_actions=[episode.actions[2:4]])
     assert errors == [None] and predicted.shape == (1, 3, 256)
     assert world.decode_rollout(predicted, episode.frames[1:2], episode.frames[:1]).shape == (1, 3, 64, 64, 3)
@@ -287,7 +296,8 @@ def test_rlvr_scores_multi_step_rollouts_with_the_frame_reward(tiny_world):
 
 
 def test_rollout_prompts_hold_the_models_own_predictions_and_train(tiny_world):
-    from rlvr_gym.train.robot import rlvr_examples, rollout_examples
+    from rlvr_gym.data.robot import rlvr_examples
+    from rlvr_gym.train.rt1_rlvr import rollout_examples
 
     root, world_dir = tiny_world
     world = RobotWorldModel.load(world_dir)
@@ -301,8 +311,8 @@ def test_rollout_prompts_hold_the_models_own_predictions_and_train(tiny_world):
         for k in range(ex["depth"] - 1):  # the same greedy rollout, one env-like step at a time
             codes, success, _ = world.predict([prompt], k=1)
             prompt = world.slide(prompt, codes[0, 0], bool(success[0, 0] > 0.5), episodes[ex["episode"]].actions[start["t"] + k + 1])
-        assert ex["prompt_ids"] == prompt and prompt[-R.ACTION_DIM:] == real[(ex["episode"], ex["t"])]["prompt_ids"][-R.ACTION_DIM:]
-        assert ex["last_codes"] == prompt[-R.STEP_TOKENS :][: R.FRAME_TOKENS]
+        assert ex["prompt_ids"] == prompt and prompt[-V.ACTION_DIM:] == real[(ex["episode"], ex["t"])]["prompt_ids"][-V.ACTION_DIM:]
+        assert ex["last_codes"] == prompt[-V.STEP_TOKENS :][: V.FRAME_TOKENS]
         if ex["depth"] == 1:
             assert ex["prompt_ids"] == real[(ex["episode"], ex["t"])]["prompt_ids"]
     with pytest.raises(ValueError, match="--moved-prompts"):
@@ -319,7 +329,8 @@ def test_rollout_prompts_hold_the_models_own_predictions_and_train(tiny_world):
 
 
 def test_rlvr_reward_takes_off_the_object_term_and_the_repetition_penalty(tiny_world):
-    from rlvr_gym.train.robot import frame_reward_fn, rlvr_examples
+    from rlvr_gym.data.robot import rlvr_examples
+    from rlvr_gym.domains.robot import frame_reward_fn
 
     root, world_dir = tiny_world
     world = RobotWorldModel.load(world_dir)
@@ -328,7 +339,7 @@ def test_rlvr_reward_takes_off_the_object_term_and_the_repetition_penalty(tiny_w
     e, t = example["episode"], example["t"]
     codes = world.encode(episodes[e].frames[t : t + 3], episodes[e].frames[:1])
     # A rollout that predicts the real next two frames' codes, and one that repeats the prompt's frame twice.
-    flags = [R.FLAG_RUNNING] * 2
+    flags = [V.FLAG_RUNNING] * 2
     action = example["forced"]
 
     def completion(frames):
@@ -336,11 +347,15 @@ def test_rlvr_reward_takes_off_the_object_term_and_the_repetition_penalty(tiny_w
         for j, frame in enumerate(frames):
             ids += frame.tolist() + [flags[j]]
             if j == 0:
-                ids += [action[R.FRAME_TOKENS + 1 + i] for i in range(R.ACTION_DIM)]
+                ids += [action[V.FRAME_TOKENS + 1 + i] for i in range(V.ACTION_DIM)]
         return ids
     exact, repeated = completion(codes[1:3]), completion([codes[0], codes[0]])
     plain = frame_reward_fn(world, episodes, 2)([exact, repeated], [e, e], [t, t])
-    shaped = frame_reward_fn(world, episodes, 2, object_weight=0.5, repetition_penalty=0.3)([exact, repeated], [e, e], [t, t])
+    with pytest.raises(ValueError, match="codes_per_episode"):
+        frame_reward_fn(world, episodes, 2, repetition_penalty=0.3)
+    real_codes = [episode_codes(world.frame_tokenizer, episode) for episode in episodes]
+    shaped = frame_reward_fn(world, episodes, 2, object_weight=0.5, repetition_penalty=0.3,
+                             codes_per_episode=real_codes)([exact, repeated], [e, e], [t, t])
     changed = (codes[1:] != codes[:-1]).any(-1).mean()
     assert changed > 0, "the real frames change, so repeating one is a false repetition"
     assert shaped[1]["false_repetition"] == pytest.approx(changed) and shaped[0]["false_repetition"] == 0
@@ -362,7 +377,7 @@ def test_world_model_checkpoints_are_checked(tiny_world, tmp_path):
     (broken / "world_model.json").write_text(json.dumps({"layout": {"vocab_size": 7}, "settings": {}}))
     with pytest.raises(CheckpointError, match="token layout"):
         RobotWorldModel.load(broken)
-    layout = {"codebook_size": R.CODEBOOK_SIZE, "frame_tokens": R.FRAME_TOKENS, "vocab_size": R.VOCAB_SIZE}
+    layout = {"codebook_size": V.CODEBOOK_SIZE, "frame_tokens": V.FRAME_TOKENS, "vocab_size": V.VOCAB_SIZE}
     (broken / "world_model.json").write_text(json.dumps({"layout": layout, "settings": {"context_step": 2}}))
     with pytest.raises(CheckpointError, match="no valid settings"):
         RobotWorldModel.load(broken)
@@ -477,7 +492,13 @@ def test_evaluation_reports_model_and_baselines(tiny_world):
 
 
 def test_eval_rt1_tokens_only_scores_the_transformers_own_frames(tiny_world, tmp_path):
-    from rlvr_gym.evaluation.robot import RT1EvalConfig, evaluate_world_model, fresh_episodes, run_rt1_eval, summary_line
+    from rlvr_gym.evaluation.robot import (
+        RT1EvalConfig,
+        evaluate_world_model,
+        fresh_episodes,
+        run_rt1_eval,
+        summary_line,
+    )
 
     _, world_dir = tiny_world
     refined = with_random_refiner(RobotWorldModel.load(world_dir), context_from_frames=True).save(tmp_path / "refined")
@@ -490,7 +511,10 @@ def test_eval_rt1_tokens_only_scores_the_transformers_own_frames(tiny_world, tmp
 
 def test_a_model_that_feeds_back_its_frames_counts_repeats_against_the_frames_it_was_prompted_with(tiny_world):
     from rlvr_gym.evaluation.robot import (
-        evaluate_world_model, multi_step_prompts, rollout_start, tokenize_episodes,
+        evaluate_world_model,
+        multi_step_prompts,
+        rollout_start,
+        tokenize_episodes,
     )
     from rlvr_gym.models.robot_world_model import predict_in_batches
 

@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 
 import rlvr_gym  # noqa: F401  (registers the env ids)
 from envs.web import browser_available
+from rlvr_gym.data.textgame import train_tokenizer
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
 from rlvr_gym.ship import ShipConfig, ship
-from rlvr_gym.data.textgame import train_tokenizer
 
 
 @pytest.fixture

@@ -10,11 +10,15 @@ from gymnasium.utils.env_checker import check_env
 from packaging.version import Version
 
 import rlvr_gym  # noqa: F401  (registers the env ids)
+from rlvr_gym.data.real_env_versions import (
+    REAL_ENV_FILE,
+    REAL_ENV_PACKAGES,
+    check_real_env_versions,
+    read_real_env_versions,
+    write_real_env_versions,
+)
 from rlvr_gym.models.lm import SHIPPED_DIR
 from rlvr_gym.models.robot_world_model import RobotWorldModel
-from rlvr_gym.sim.real_env_versions import (
-    REAL_ENV_FILE, REAL_ENV_PACKAGES, check_real_env_versions, read_real_env_versions, write_real_env_versions,
-)
 
 
 @pytest.mark.parametrize("name", ["rt1-mle", "rt1-rlvr"])

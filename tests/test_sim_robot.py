@@ -14,15 +14,18 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from stable_baselines3.common.vec_env import VecMonitor
 
 import rlvr_gym  # noqa: F401  (registers the env ids)
+from rlvr_gym.data import video_tokens as V
 from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
+from rlvr_gym.data.robot import INITIAL_STATES, load_initial_states, save_initial_states
+from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.models.lm import CheckpointError, LlamaSize
-from rlvr_gym.sim import register_envs
 from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig
 from rlvr_gym.models.robot_world_model import RobotWorldModel
-from rlvr_gym.sim.robot import (INITIAL_STATES, CalibrateConfig, RT1WorldEnv, RT1WorldVectorEnv, balanced_accuracy, best_threshold,
-                                calibrate, load_initial_states, save_initial_states)
+from rlvr_gym.sim import register_envs
+from rlvr_gym.sim.robot import CalibrateConfig, RT1WorldEnv, RT1WorldVectorEnv, best_threshold, calibrate
 from rlvr_gym.sim.sb3 import SB3VecEnv
-from rlvr_gym.train.robot import RT1MLEConfig, TokenizerConfig, run_rt1_mle, train_frame_tokenizer
+from rlvr_gym.train.frame_tokenizer import TokenizerConfig, train_frame_tokenizer
+from rlvr_gym.train.rt1_mle import RT1MLEConfig, run_rt1_mle
 from rlvr_gym.train.sft import SFTConfig
 
 ENV_ID = "RLVRWorld-RT1-v0"
@@ -355,3 +358,33 @@ def test_a_world_model_with_a_motion_refiner_steps_through_the_env_frame_by_fram
         np.testing.assert_allclose(obs[alive].astype(int), expected[alive].astype(int), atol=1, rtol=0)
         alive &= ~(terminated | truncated)  # an ended sub-env starts again on the next step
         before, last = last, obs
+
+
+def test_uncertainty_is_the_generated_codes_negative_log_likelihood_and_is_reported(tiny_world):
+    env = RT1WorldEnv(checkpoint=tiny_world[0])
+    _, infos = rollout(env, seed=3, steps=3)
+    assert infos[0]["uncertainty"] == 0.0 and not infos[0]["halted"]  # the real first frame
+    values = [info["uncertainty"] for info in infos[1:]]
+    # An almost untrained model spreads its probability over the 1,000 codes: its greedy codes are far from certain.
+    assert all(0.0 < u <= np.log(V.CODEBOOK_SIZE) + 1e-4 for u in values)
+
+
+def test_uncertainty_penalty_and_halt_change_reward_and_episode_end_only(tiny_world):
+    plain, penalised = RT1WorldEnv(checkpoint=tiny_world[0]), RT1WorldEnv(checkpoint=tiny_world[0], uncertainty_penalty=0.5)
+    plain.reset(seed=4)
+    penalised.reset(seed=4)
+    step = actions(1)[0]
+    obs_a, reward_a, _, _, info_a = plain.step(step)
+    obs_b, reward_b, _, _, info_b = penalised.step(step)
+    assert np.array_equal(obs_a, obs_b) and info_a["uncertainty"] == info_b["uncertainty"]
+    assert reward_b == pytest.approx(reward_a - 0.5 * info_a["uncertainty"])
+    halting = RT1WorldEnv(checkpoint=tiny_world[0], halt_uncertainty=info_a["uncertainty"] / 2)
+    halting.reset(seed=4)
+    _, reward, terminated, truncated, info = halting.step(step)
+    assert info["halted"] and truncated and not terminated and reward == 0.0 and not info["is_success"]
+    venv = RT1WorldVectorEnv(num_envs=2, checkpoint=tiny_world[0], halt_uncertainty=info_a["uncertainty"] / 2)
+    venv.reset(seed=4)
+    _, rewards, terminated, truncated, infos = venv.step(actions(1, num_envs=2)[0])
+    assert truncated.all() and not terminated.any() and infos["halted"].all() and (rewards == 0).all()
+    with pytest.raises(ValueError, match="halt_uncertainty"):
+        RT1WorldEnv(checkpoint=tiny_world[0], halt_uncertainty=0.0)

@@ -13,6 +13,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 import rlvr_gym  # noqa: F401  (registers the env ids)
 from agents.textgame import RealTextWorldDiscreteEnv, evaluate_in_real, make_sim_env
 from envs.textworld import TextWorldGame, make_game
+from rlvr_gym.data.textgame import train_tokenizer
 from rlvr_gym.domains.textgame import format_prompt, states_match
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.sim.textgame import (
@@ -29,7 +30,6 @@ from rlvr_gym.sim.textgame import (
     render_state,
     write_start_states,
 )
-from rlvr_gym.data.textgame import train_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -10,7 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlvr_gym.data.bytesized32 import (
-    DATA_ENV_VAR, DataConfig, Transition, data_dir, install_data, installed_data_dir, load_transitions,
+    DATA_ENV_VAR,
+    DataConfig,
+    Transition,
+    data_dir,
+    install_data,
+    installed_data_dir,
+    load_transitions,
 )
 from rlvr_gym.domains import textgame as tg
 

@@ -11,13 +11,6 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlvr_gym.data.bytesized32 import load_transitions
-from rlvr_gym.domains.textgame import is_changed, parse_diff, rebuild, states_match
-from rlvr_gym.evaluation.textgame import TextGameEvalConfig, run_textgame_eval
-from rlvr_gym.models.lm import CheckpointError, LlamaSize, load_model
-from rlvr_gym.train.grpo import GRPOConfig
-from rlvr_gym.files import read_log
-from rlvr_gym.train.sft import SFTConfig
-from rlvr_gym.train.textgame import TextGameRLVRConfig, TextGameSFTConfig, run_textgame_rlvr, run_textgame_sft
 from rlvr_gym.data.textgame import (
     collect_textworld,
     load_training_transitions,
@@ -25,6 +18,13 @@ from rlvr_gym.data.textgame import (
     train_tokenizer,
     transition_texts,
 )
+from rlvr_gym.domains.textgame import is_changed, parse_diff, rebuild, states_match
+from rlvr_gym.evaluation.textgame import TextGameEvalConfig, run_textgame_eval
+from rlvr_gym.files import read_log
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, load_model
+from rlvr_gym.train.grpo import GRPOConfig
+from rlvr_gym.train.sft import SFTConfig
+from rlvr_gym.train.textgame import TextGameRLVRConfig, TextGameSFTConfig, run_textgame_rlvr, run_textgame_sft
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "fixtures" / "bytesized32_small.jsonl"

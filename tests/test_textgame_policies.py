@@ -4,15 +4,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_sim_textgame import game_dir, garbage_checkpoint, no_change_checkpoint, start_file  # noqa: F401
 
 from envs.textworld import make_game, play_episode, walkthrough
+from rlvr_gym.data.textgame import train_tokenizer
 from rlvr_gym.domains.textgame import format_prompt, format_target, make_diff
-from rlvr_gym.evaluation.textgame_policies import PlanPolicy, TextGamePolicyEvalConfig, policy_name, run_textgame_policy_eval
+from rlvr_gym.evaluation.textgame_policies import (
+    PlanPolicy,
+    TextGamePolicyEvalConfig,
+    policy_name,
+    run_textgame_policy_eval,
+)
 from rlvr_gym.models.lm import LlamaSize, build_llama
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.textgame import HELD_OUT_SEED, NOOP_COMMAND, candidate_commands, write_start_states
-from rlvr_gym.data.textgame import train_tokenizer
-from test_sim_textgame import game_dir, garbage_checkpoint, no_change_checkpoint, start_file  # noqa: F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -6,15 +6,16 @@ import json
 
 import pytest
 from stable_baselines3 import PPO
+from test_sim_textgame import game_dir, garbage_checkpoint, start_file  # noqa: F401  (a tiny learned text game)
 
 from agents.robot import EVAL_SEED_RUN, check_held_out, evaluate_in_real, make_sim_env, real_start_states
 from agents.train_sb3 import Args, train
 from rlvr_gym.data.episodes import SEEDS_PER_RUN, CollectConfig, collect, load_episodes
+from rlvr_gym.data.robot import save_initial_states
 from rlvr_gym.models.lm import LlamaSize
-from rlvr_gym.sim.robot import save_initial_states
-from rlvr_gym.train.robot import RT1MLEConfig, TokenizerConfig, run_rt1_mle, train_frame_tokenizer
+from rlvr_gym.train.frame_tokenizer import TokenizerConfig, train_frame_tokenizer
+from rlvr_gym.train.rt1_mle import RT1MLEConfig, run_rt1_mle
 from rlvr_gym.train.sft import SFTConfig
-from test_sim_textgame import game_dir, garbage_checkpoint, start_file  # noqa: F401  (a tiny learned text game)
 
 
 @pytest.fixture(scope="module")

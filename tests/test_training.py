@@ -13,11 +13,11 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
+from rlvr_gym.files import read_log
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama, context_of, extend_context, load_model
+from rlvr_gym.train.batch import pack_batch, token_logprobs
 from rlvr_gym.train.demo import DemoConfig, char_tokenizer, make_examples, run_demo
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
-from rlvr_gym.files import read_log
-from rlvr_gym.train.batch import pack_batch, token_logprobs
 from rlvr_gym.train.sft import SFTConfig, heldout_loss, target_masks, train_sft
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,16 @@ import signal
 
 import pytest
 
-from envs.web import InvalidAction, ScriptedPolicy, WebTaskEnv, browser_available, click, parse, record_transitions, type_text
+from envs.web import (
+    InvalidAction,
+    ScriptedPolicy,
+    WebTaskEnv,
+    browser_available,
+    click,
+    parse,
+    record_transitions,
+    type_text,
+)
 from rlvr_gym.domains.web import apply_diff, make_diff
 
 pytestmark = pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")

@@ -18,10 +18,10 @@ from agents.web_lookahead import (
     run_lookahead,
 )
 from envs.web import WebTaskEnv, browser_available
+from rlvr_gym.data.web import train_web_tokenizer
 from rlvr_gym.domains.web import apply_diff
 from rlvr_gym.models.lm import LlamaSize, build_llama
 from rlvr_gym.sim.web import Prediction
-from rlvr_gym.data.web import train_web_tokenizer
 
 needs_browser = pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
 ENTER_TEXT = "[1] RootWebArea 'Enter Text Task' focused: true\n\t[2] textbox ''\n\t[3] button 'Submit'"

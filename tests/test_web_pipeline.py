@@ -14,26 +14,26 @@ from pathlib import Path
 import pytest
 
 from envs.web import WebTaskEnv, browser_available
-from rlvr_gym.domains.web import item_f1, make_diff, no_change_target
-from rlvr_gym.evaluation.web import WebEvalConfig, run_web_eval
-from rlvr_gym.domains.web import best_by_web_reward
-from rlvr_gym.data.web import TRAINING_RECORD, prompt_text, target_text
-from rlvr_gym.models.lm import CheckpointError, LlamaSize, context_of, load_model
-from rlvr_gym.train.grpo import GRPOConfig
-from rlvr_gym.files import read_log
-from rlvr_gym.train.sft import SFTConfig
-from rlvr_gym.train.web import WebRLVRConfig, WebSFTConfig, run_web_rlvr, run_web_sft
 from rlvr_gym.data.web import (
     HELDOUT_TASKS,
     SEEDS_PER_RUN,
     TRAIN_TASKS,
-    WebCollectConfig,
-    collect_web,
+    TRAINING_RECORD,
     load_train_and_eval,
     load_web_data,
+    prompt_text,
+    target_text,
     train_web_tokenizer,
     transition_texts,
 )
+from rlvr_gym.data.web_collect import WebCollectConfig, collect_web
+from rlvr_gym.domains.web import best_by_web_reward, item_f1, make_diff, no_change_target
+from rlvr_gym.evaluation.web import WebEvalConfig, run_web_eval
+from rlvr_gym.files import read_log
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, context_of, load_model
+from rlvr_gym.train.grpo import GRPOConfig
+from rlvr_gym.train.sft import SFTConfig
+from rlvr_gym.train.web import WebRLVRConfig, WebSFTConfig, run_web_rlvr, run_web_sft
 
 pytestmark = pytest.mark.skipif(
     not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)"

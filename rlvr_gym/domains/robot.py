@@ -1,56 +1,30 @@
-"""Robot video domain: RT-1 action binning, frame metrics, object positions read from the frames, token layout.
+"""Robot video domain: frame metrics, object positions read from the frames, and the video world model's reward.
 
 Frames come either as the real env renders them, (N, H, W, 3) uint8, or as a decoder emits them,
 (N, 3, H, W) float in [0, 1]; numpy arrays and torch tensors both work. Every metric is computed on
 the [0, 1] scale and returns a per-sample (N,) float32 tensor on the frames' device.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from rlvr_gym.data import video_tokens as V
 from rlvr_gym.domains.lpips import load_lpips
 
-ACTION_DIM = 7  # RT-1: world_vector 3, rotation_delta 3, gripper_closedness 1
-NUM_BINS = 256
-# Bin b stands for -1 + 2 b / 255, so -1, +1 (gripper open / closed) are exact and a round trip
-# is off by at most half the spacing, 1 / 255.
-BIN_SPACING = 2.0 / (NUM_BINS - 1)
+if TYPE_CHECKING:
+    from rlvr_gym.data.episodes import Episode
+    from rlvr_gym.models.robot_world_model import RobotWorldModel
 
 Frames = np.ndarray | torch.Tensor
 
 SSIM_WINDOW = 11
 SSIM_SIGMA = 1.5
 SSIM_K1, SSIM_K2 = 0.01, 0.03
-
-
-def actions_to_bins(actions: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
-    """Map actions [..., 7] in [-1, 1] (values outside are clipped) to int64 bins 0..255, per dimension."""
-    if not isinstance(actions, torch.Tensor):
-        actions = np.asarray(actions, dtype=np.float64)
-    if actions.shape[-1:] != (ACTION_DIM,):
-        raise ValueError(f"actions must have shape [..., {ACTION_DIM}] (RT-1 end-effector action), got {tuple(actions.shape)}")
-    if isinstance(actions, torch.Tensor):
-        if not torch.isfinite(actions).all():
-            raise ValueError("actions contain NaN or inf; check the policy output before binning")
-        return torch.round((actions.clamp(-1, 1) + 1) / BIN_SPACING).long()
-    if not np.isfinite(actions).all():
-        raise ValueError("actions contain NaN or inf; check the policy output before binning")
-    return np.rint((np.clip(actions, -1, 1) + 1) / BIN_SPACING).astype(np.int64)
-
-
-def bins_to_actions(bins: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
-    """Map int bins [..., 7] in 0..255 back to float32 actions in [-1, 1]."""
-    if not isinstance(bins, torch.Tensor):
-        bins = np.asarray(bins)
-    if bins.shape[-1:] != (ACTION_DIM,):
-        raise ValueError(f"bins must have shape [..., {ACTION_DIM}] (RT-1 end-effector action), got {tuple(bins.shape)}")
-    if bins.min() < 0 or bins.max() >= NUM_BINS:
-        raise ValueError(f"action bins must lie in 0..{NUM_BINS - 1}, got values in {int(bins.min())}..{int(bins.max())}")
-    if isinstance(bins, torch.Tensor):
-        return bins.double().mul(BIN_SPACING).sub(1).float()
-    return (bins.astype(np.float64) * BIN_SPACING - 1).astype(np.float32)
 
 
 def _as_tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -332,99 +306,66 @@ def object_reward_error(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
     return np.where(shown, d, 0.0).sum(-1) / np.maximum(shown.sum(-1), 1)
 
 
-# ---------------------------------------------------------------------------------------------------- token layout
-# The video world model reads and writes one sequence per episode window:
-#     BOS, [frame_t (64 codes), flag_t, action_t (7 bins)], [frame_t+1, flag_t+1, action_t+1], ...
-# frame codes are the frame tokenizer's ids, flag_t says whether the task has succeeded in frame t (the world
-# model's success head is this token's probability), action bins are shifted past the codebook. A frame is 64 codes
-# with the shipped 8x8-token tokenizer; the functions below take `frame_tokens` for a finer one (16x16: 256).
-CODEBOOK_SIZE = 1000
-FRAME_TOKENS = 64
-ACTION_OFFSET = CODEBOOK_SIZE
-FLAG_RUNNING = ACTION_OFFSET + NUM_BINS
-FLAG_SUCCESS = FLAG_RUNNING + 1
-BOS = FLAG_SUCCESS + 1
-PAD = BOS + 1
-VOCAB_SIZE = PAD + 1
 
 
-def step_length(frame_tokens: int = FRAME_TOKENS) -> int:
-    """Tokens per step: a frame's codes, its flag, an action."""
-    return frame_tokens + 1 + ACTION_DIM
+def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: int, object_weight: float = 0.0,
+                    repetition_penalty: float = 0.0, codes_per_episode: list[np.ndarray] | None = None):
+    """Reward -(L1 + LPIPS) of the decoded predicted frames against the real next frames, mean over the horizon,
+    less the object term and the repetition penalty when their weights are set (see RT1RLVRConfig). The penalty
+    compares codes: give each episode's real frame codes (`rlvr_gym.data.robot.episode_codes`) with it."""
+    real_codes = codes_per_episode
+    if repetition_penalty and real_codes is None:
+        raise ValueError("a repetition penalty compares frame codes: pass codes_per_episode, each episode's real "
+                         "frame codes (rlvr_gym.data.robot.episode_codes)")
+
+    def reward(completion_ids, episode, t, last_codes=None, **_) -> list[dict]:
+        results: list[dict | None] = [None] * len(completion_ids)
+        codes, targets, starts, firsts, befores, actions, rows = [], [], [], [], [], [], []
+        for i, (ids, e, step) in enumerate(zip(completion_ids, episode, t)):
+            frames, _, error = V.parse_rollout(ids, horizon, world.frame_tokens)
+            if error:
+                results[i] = {"score": PARSE_FAILURE_REWARD, "error": error}
+                continue
+            codes.append(frames)
+            targets.append(episodes[e].frames[step + 1 : step + 1 + horizon])
+            starts.append(episodes[e].frames[step])
+            firsts.append(episodes[e].frames[0])
+            befores.append(episodes[e].frames[max(step - 1, 0)])
+            actions.append(episodes[e].actions[step : step + horizon])
+            rows.append(i)
+        if rows:
+            pred = world.decode_rollout(np.stack(codes), np.stack(starts), np.stack(firsts), np.stack(befores),
+                                        np.stack(actions))
+            pred = pred.reshape(-1, *pred.shape[2:])
+            target = np.concatenate(targets)
+            l1, lpips = (x.numpy() for x in frame_reward_terms(pred, target))
+            objects = object_reward_error(pred, target)
+            per_frame = -(l1 + lpips) - object_weight * objects
+            repeats = np.zeros(len(per_frame))
+            if repetition_penalty:
+                for j, i in enumerate(rows):
+                    e, step = episode[i], t[i]
+                    real = real_codes[e][step : step + 1 + horizon]
+                    # The frame before the first predicted one is the prompt's last: a real frame, or the model's own.
+                    before = real[:1] if last_codes is None else np.asarray(last_codes[i])[None]
+                    predicted = np.concatenate([before, codes[j]])
+                    repeats[j * horizon : (j + 1) * horizon] = ((predicted[1:] == predicted[:-1]).all(-1)
+                                                                & (real[1:] != real[:-1]).any(-1))
+                per_frame = per_frame - repetition_penalty * repeats
+            for j, i in enumerate(rows):
+                part = slice(j * horizon, (j + 1) * horizon)
+                results[i] = {"score": float(per_frame[part].mean()), "l1": float(l1[part].mean()),
+                              "lpips": float(lpips[part].mean()), "object": float(objects[part].mean()),
+                              "false_repetition": float(repeats[part].mean())}
+        return results
+
+    return reward
 
 
-STEP_TOKENS = step_length()
-
-
-def step_tokens(frame_tokens, success: bool, action=None) -> list[int]:
-    """One step of the sequence: a frame's codes, its success flag, then (if given) the action taken from it."""
-    out = [int(t) for t in frame_tokens] + [FLAG_SUCCESS if success else FLAG_RUNNING]
-    if action is not None:
-        out += [ACTION_OFFSET + int(b) for b in actions_to_bins(np.asarray(action, dtype=np.float32))]
-    return out
-
-
-def window_tokens(frame_tokens, success, actions) -> list[int]:
-    """BOS + steps for frames 0..n-1 with the n actions taken from them (the last frame's action included)."""
-    if len(actions) != len(frame_tokens):
-        raise ValueError(f"{len(frame_tokens)} frames need {len(frame_tokens)} actions (one taken from each), got {len(actions)}")
-    out = [BOS]
-    for frame, flag, action in zip(frame_tokens, success, actions):
-        out += step_tokens(frame, bool(flag), action)
-    return out
-
-
-def rollout_forced_tokens(actions, success=None, frame_tokens: int = FRAME_TOKENS) -> dict[int, int]:
-    """Forced completion positions for a k-step rollout: completion = frame, flag, [action, frame, flag]*(k-1).
-
-    `actions` are the k-1 actions taken *between* predicted frames (the first action is in the prompt). Flags
-    are forced to the real success values when given (they are not what the frame reward scores).
-    """
-    forced = {}
-    k = len(actions) + 1
-    for step in range(k):
-        start = step * step_length(frame_tokens)
-        if success is not None:
-            forced[start + frame_tokens] = FLAG_SUCCESS if success[step] else FLAG_RUNNING
-        if step < k - 1:
-            for j, b in enumerate(actions_to_bins(np.asarray(actions[step], dtype=np.float32))):
-                forced[start + frame_tokens + 1 + j] = ACTION_OFFSET + int(b)
-    return forced
-
-
-def rollout_length(k: int, frame_tokens: int = FRAME_TOKENS) -> int:
-    return k * step_length(frame_tokens) - ACTION_DIM
-
-
-def rollout_allowed_tokens(k: int, frame_tokens: int = FRAME_TOKENS) -> torch.Tensor:
-    """(rollout_length(k), VOCAB_SIZE) bool: frame codes where a frame goes, flags after it, actions between."""
-    length = rollout_length(k, frame_tokens)
-    allowed = torch.zeros((length, VOCAB_SIZE), dtype=torch.bool)
-    for pos in range(length):
-        offset = pos % step_length(frame_tokens)
-        if offset < frame_tokens:
-            allowed[pos, :CODEBOOK_SIZE] = True
-        elif offset == frame_tokens:
-            allowed[pos, FLAG_RUNNING : FLAG_SUCCESS + 1] = True
-        else:
-            allowed[pos, ACTION_OFFSET : ACTION_OFFSET + NUM_BINS] = True
-    return allowed
-
-
-def parse_rollout(completion_ids, k: int, frame_tokens: int = FRAME_TOKENS) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
-    """Completion ids of a k-step rollout -> (frame codes (k, frame_tokens), success flags (k,), error)."""
-    ids = list(completion_ids)
-    if len(ids) < rollout_length(k, frame_tokens):
-        return None, None, f"rollout has {len(ids)} tokens, {rollout_length(k, frame_tokens)} needed for {k} frames"
-    frames, flags = [], []
-    for step in range(k):
-        start = step * step_length(frame_tokens)
-        frame = ids[start : start + frame_tokens]
-        if any(not 0 <= t < CODEBOOK_SIZE for t in frame):
-            return None, None, f"frame {step} holds a token that is not a frame code"
-        flag = ids[start + frame_tokens]
-        if flag not in (FLAG_RUNNING, FLAG_SUCCESS):
-            return None, None, f"frame {step} is not followed by a success flag"
-        frames.append(frame)
-        flags.append(flag == FLAG_SUCCESS)
-    return np.asarray(frames, dtype=np.int64), np.asarray(flags), None
+def balanced_accuracy(max_probs: np.ndarray, succeeded: np.ndarray, threshold: float) -> float:
+    """Balanced accuracy of calling an episode a success when its highest success probability exceeds threshold."""
+    succeeded = np.asarray(succeeded, dtype=bool)
+    predicted = np.asarray(max_probs) > threshold
+    tpr = predicted[succeeded].mean() if succeeded.any() else 1.0
+    tnr = (~predicted[~succeeded]).mean() if (~succeeded).any() else 1.0
+    return float((tpr + tnr) / 2)

@@ -1,4 +1,5 @@
 """Text-game domain: ByteSized32 states, compact prompts, diff targets, parsing, rebuilding, rewards and accuracy.
+(Longer than 500 lines: one state schema's format, parser, rebuild and scores, which every text module builds on.)
 
 State (the benchmark's field names):
     {"objects": [{"name", "uuid", "type", "properties", "contains"}, ...], "score", "gameOver", "gameWon"}

@@ -35,9 +35,10 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tqdm import tqdm
 
+from rlvr_gym.data.robot import InitialStates, load_initial_states
 from rlvr_gym.models.lm import CheckpointError
 from rlvr_gym.models.robot_world_model import RobotWorldModel
-from rlvr_gym.sim.robot import DEFAULT_HORIZON, InitialStates, RT1WorldVectorEnv, load_initial_states
+from rlvr_gym.sim.robot import DEFAULT_HORIZON, RT1WorldVectorEnv
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm

@@ -87,9 +87,10 @@ def probe_rt1(config: ProbeConfig) -> dict:
     from gymnasium.vector import AutoresetMode
 
     from envs.robot import RealRT1Env
+    from rlvr_gym.data.robot import load_initial_states
     from rlvr_gym.evaluation.policies import Job, learned_rollouts, real_rollout, select_rows
     from rlvr_gym.models.robot_world_model import RobotWorldModel
-    from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON, RT1WorldVectorEnv, load_initial_states
+    from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON, RT1WorldVectorEnv
 
     torch.set_num_threads(1)
     checkpoint = config.checkpoint or DEFAULT_CHECKPOINT

@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from rlvr_gym.data.episodes import CollectConfig, Episode, collect, load_episodes
+from rlvr_gym.data.robot import episode_codes, frame_flags
 from rlvr_gym.domains import robot as R
 from rlvr_gym.domains.robot import WHOLE_OBJECT_PIXELS, object_position_error
 from rlvr_gym.models.robot_world_model import RobotWorldModel, RolloutStart, predict_in_batches
 from rlvr_gym.models.sampler import SamplingConfig
-from rlvr_gym.train.robot import episode_codes, frame_flags
 
 
 def changed_mse(pred: np.ndarray, target: np.ndarray, prev: np.ndarray) -> float:

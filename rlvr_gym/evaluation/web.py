@@ -28,7 +28,14 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from envs.web import TASKS
-from rlvr_gym.data.web import TRAINING_RECORD, check_disjoint_episodes, encode_prompts, read_training_record
+from rlvr_gym.data.web import (
+    TRAINING_RECORD,
+    check_disjoint_episodes,
+    encode_prompts,
+    load_web_data,
+    read_training_record,
+)
+from rlvr_gym.data.web_collect import collect_records
 from rlvr_gym.domains.web import best_by_web_reward, web_metrics
 from rlvr_gym.models.lm import checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
@@ -95,9 +102,6 @@ def run_web_eval(config: WebEvalConfig) -> dict:
 
     The CLI prints it as one JSON line; a split without transitions has null means.
     """
-    # rlvr_gym.train.web imports this module for its evaluations; importing it at the top would be circular.
-    from rlvr_gym.data.web import collect_records, load_web_data
-
     if config.best_of < 1 or config.batch_size < 1 or config.max_new_tokens < 1:
         raise ValueError("best_of, batch_size and max_new_tokens must all be at least 1")
     torch.set_num_threads(config.threads)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rlvr_gym.domains import robot as R
+from rlvr_gym.data import video_tokens as V
 from rlvr_gym.domains import textgame, web
 from rlvr_gym.integrations.verl import RT1, TEXTGAME, WEB, encode_frame, rt1_token_text, rt1_world
 
@@ -120,7 +120,7 @@ def web_rows(config: ExportConfig) -> list[dict]:
 def rt1_rows(config: ExportConfig) -> list[dict]:
     """One row per step of every episode: the world model's prompt and the real next frame (see the module doc)."""
     from rlvr_gym.data.episodes import read_episodes
-    from rlvr_gym.train.robot import episode_codes, frame_flags, rlvr_examples
+    from rlvr_gym.data.robot import episode_codes, frame_flags, rlvr_examples
 
     world = rt1_world(config.checkpoint)
     # A directory is written absolute, so the reward finds it from the trainer's working directory too.
@@ -133,7 +133,7 @@ def rt1_rows(config: ExportConfig) -> list[dict]:
             t = example["t"]
             rows.append({
                 "prompt": rt1_token_text(example["prompt_ids"]), "prompt_ids": example["prompt_ids"],
-                "next_ids": R.step_tokens(codes[t + 1], flags[t + 1]), "checkpoint": checkpoint,
+                "next_ids": V.step_tokens(codes[t + 1], flags[t + 1]), "checkpoint": checkpoint,
                 "context_frame": context, "next_frame": encode_frame(episode.frames[t + 1]), "episode": index, "t": t,
                 # what a motion refiner reads: frames t - 1 (t at the start) and t, and action t
                 "before_frame": encode_frame(episode.frames[max(t - 1, 0)]), "last_frame": encode_frame(episode.frames[t]),

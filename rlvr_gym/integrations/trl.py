@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlvr_gym.domains import robot as R
+from rlvr_gym.data import video_tokens as V
 from rlvr_gym.domains import textgame, web
 from rlvr_gym.integrations.verl import rt1_frame_scores, rt1_tokenizer
 
@@ -90,7 +90,7 @@ def rt1_policy(checkpoint: str = "rt1-rlvr") -> tuple[Any, Any]:
 
     model, _ = load_model(RobotWorldModel.resolve(checkpoint) / "lm")
     for config in (model.config, model.generation_config):
-        config.bos_token_id, config.eos_token_id, config.pad_token_id = R.BOS, R.PAD, R.PAD
+        config.bos_token_id, config.eos_token_id, config.pad_token_id = V.BOS, V.PAD, V.PAD
     return model, rt1_tokenizer()
 
 

@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from rlvr_gym.data import video_tokens as V
 from rlvr_gym.domains import robot as R
 from rlvr_gym.domains import textgame, web
 
@@ -75,14 +76,14 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | dict,
 
 
 def _token_name(token_id: int) -> str:
-    if token_id < R.CODEBOOK_SIZE:
+    if token_id < V.CODEBOOK_SIZE:
         return f"<f{token_id}>"
-    if token_id < R.ACTION_OFFSET + R.NUM_BINS:
-        return f"<a{token_id - R.ACTION_OFFSET}>"
-    return {R.FLAG_RUNNING: "<running>", R.FLAG_SUCCESS: "<success>", R.BOS: "<bos>", R.PAD: "<pad>"}[token_id]
+    if token_id < V.ACTION_OFFSET + V.NUM_BINS:
+        return f"<a{token_id - V.ACTION_OFFSET}>"
+    return {V.FLAG_RUNNING: "<running>", V.FLAG_SUCCESS: "<success>", V.BOS: "<bos>", V.PAD: "<pad>"}[token_id]
 
 
-RT1_TOKENS = [_token_name(i) for i in range(R.VOCAB_SIZE)]
+RT1_TOKENS = [_token_name(i) for i in range(V.VOCAB_SIZE)]
 """The name of every world-model token id, in id order."""
 RT1_IDS = {name: i for i, name in enumerate(RT1_TOKENS)}
 TOKEN_PATTERN = re.compile(r"<[^<>\s]*>")
@@ -163,7 +164,7 @@ def rt1_frame_scores(
 
     Returns `{"score", "l1", "lpips"}` per completion, or `{"score": RT1_PARSE_FAILURE, "error"}`.
     """
-    from rlvr_gym.train.robot import frame_reward_fn
+    from rlvr_gym.domains.robot import frame_reward_fn
 
     results: list[dict] = [{}] * len(completions)
     ids = {}

@@ -19,13 +19,11 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from rlvr_gym.files import CheckpointError
+
 hf_logging.disable_progress_bar()  # per-file load/save bars drown the training progress bar
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint directory is missing, incomplete or unreadable."""
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlvr_gym.domains import robot as R
+from rlvr_gym.data import video_tokens as V
 from rlvr_gym.models.frame_tokenizer import FrameTokenizer
 from rlvr_gym.models.lm import SHIPPED_DIR, CheckpointError, load_model, pick_device, resolve_checkpoint
 from rlvr_gym.models.motion_refiner import MotionRefiner
@@ -31,7 +31,7 @@ from rlvr_gym.models.state_reader import StateReader
 
 def layout(frame_tokens: int) -> dict[str, int]:
     """The token layout a world model's transformer was trained with; the tokenizer sets the tokens per frame."""
-    return {"codebook_size": R.CODEBOOK_SIZE, "frame_tokens": frame_tokens, "vocab_size": R.VOCAB_SIZE}
+    return {"codebook_size": V.CODEBOOK_SIZE, "frame_tokens": frame_tokens, "vocab_size": V.VOCAB_SIZE}
 
 
 DEFAULT_SUCCESS_THRESHOLD = 0.5
@@ -119,30 +119,34 @@ class Rollout:
     """(rows, k, 64, 64, 3) the frames shown (decoded and refined), when the rollout had a `RolloutStart`."""
     context: np.ndarray | None = None
     """(rows, k, frame_tokens) the codes each frame entered the next prompt as (see `context_from_frames`)."""
+    uncertainty: np.ndarray | None = None
+    """(rows, k) the transformer's mean negative log-likelihood (nats per code) of the codes it generated for each
+    frame: low where it copies or moves what it has seen, high where it is guessing."""
 
     def select(self, rows) -> Rollout:
         """The rollout's rows `rows` (an index array), in that order."""
         rows = np.asarray(rows)
         pick = lambda x: None if x is None else x[rows]
         return Rollout(self.codes[rows], self.success[rows], [self.errors[i] for i in rows], pick(self.frames),
-                       pick(self.context))
+                       pick(self.context), pick(self.uncertainty))
 
     @staticmethod
     def concatenate(parts: list[Rollout]) -> Rollout:
         join = lambda name: None if getattr(parts[0], name) is None else np.concatenate([getattr(p, name) for p in parts])
-        return Rollout(join("codes"), join("success"), [e for p in parts for e in p.errors], join("frames"), join("context"))
+        return Rollout(join("codes"), join("success"), [e for p in parts for e in p.errors], join("frames"),
+                       join("context"), join("uncertainty"))
 
 
 class RobotWorldModel:
     def __init__(self, lm: torch.nn.Module, frame_tokenizer: FrameTokenizer, settings: WorldModelSettings,
                  refiner: MotionRefiner | None = None, state_reader: StateReader | None = None):
-        if lm.config.vocab_size != R.VOCAB_SIZE:
-            raise CheckpointError(f"the transformer's vocabulary ({lm.config.vocab_size}) is not the robot layout's ({R.VOCAB_SIZE})")
+        if lm.config.vocab_size != V.VOCAB_SIZE:
+            raise CheckpointError(f"the transformer's vocabulary ({lm.config.vocab_size}) is not the robot layout's ({V.VOCAB_SIZE})")
         tok_config = frame_tokenizer.config
-        if tok_config.codebook_size != R.CODEBOOK_SIZE:
+        if tok_config.codebook_size != V.CODEBOOK_SIZE:
             raise CheckpointError(
                 f"tokenizer/transformer mismatch: the frame tokenizer has {tok_config.codebook_size} codes, "
-                f"the transformer expects {R.CODEBOOK_SIZE}"
+                f"the transformer expects {V.CODEBOOK_SIZE}"
             )
         self.lm = lm.eval()
         self.frame_tokenizer = frame_tokenizer.eval()
@@ -167,7 +171,7 @@ class RobotWorldModel:
 
     @property
     def step_tokens(self) -> int:
-        return R.step_length(self.frame_tokens)
+        return V.step_length(self.frame_tokens)
 
     @staticmethod
     def resolve(name_or_dir: str | os.PathLike) -> Path:
@@ -315,13 +319,13 @@ class RobotWorldModel:
     def prompt(self, past_codes, past_flags, past_actions) -> list[int]:
         """BOS + the last `context_steps` steps; the last action is the one whose outcome is predicted."""
         n = self.settings.context_steps
-        return R.window_tokens(past_codes[-n:], past_flags[-n:], past_actions[-n:])
+        return V.window_tokens(past_codes[-n:], past_flags[-n:], past_actions[-n:])
 
     def slide(self, prompt: list[int], codes, flag: bool, action) -> list[int]:
         """The next prompt: `prompt` with the predicted frame, its flag and the next action appended, cut back to
         the last `context_steps` steps (the window slides, as in RLVR-World)."""
         keep = self.settings.context_steps * self.step_tokens
-        return [R.BOS] + (list(prompt[1:]) + R.step_tokens(codes, flag, action))[-keep:]
+        return [V.BOS] + (list(prompt[1:]) + V.step_tokens(codes, flag, action))[-keep:]
 
     def predict(
         self,
@@ -365,13 +369,14 @@ class RobotWorldModel:
         if start is not None and len(start.last) != len(prompts):
             raise ValueError(f"expected a RolloutStart row per prompt ({len(prompts)}), got {len(start.last)}")
         sampling = sampling or SamplingConfig(temperature=0.0)
-        sampling = SamplingConfig(R.rollout_length(1, self.frame_tokens), sampling.temperature, sampling.top_k,
+        sampling = SamplingConfig(V.rollout_length(1, self.frame_tokens), sampling.temperature, sampling.top_k,
                                   sampling.top_p, ())
-        allowed = R.rollout_allowed_tokens(1, self.frame_tokens)
+        allowed = V.rollout_allowed_tokens(1, self.frame_tokens)
         rows = len(prompts) * num_samples
         codes = np.full((rows, k, self.frame_tokens), -1, dtype=np.int64)
         context = np.zeros_like(codes)
         success = np.zeros((rows, k), dtype=np.float32)
+        uncertainty = np.zeros((rows, k), dtype=np.float32)
         errors: list[str | None] = [None] * rows
         frames = None
         if start is not None:
@@ -382,14 +387,15 @@ class RobotWorldModel:
         for step in range(k):
             generated = sample(
                 self.lm, current if step else list(prompts), sampling, num_samples=num_samples if step == 0 else 1,
-                pad_token_id=R.PAD, generator=generator, track_token_ids=(R.FLAG_RUNNING, R.FLAG_SUCCESS),
-                allowed_tokens=allowed,
+                pad_token_id=V.PAD, generator=generator, track_token_ids=(V.FLAG_RUNNING, V.FLAG_SUCCESS),
+                allowed_tokens=allowed, track_logprobs=True,
             )
+            uncertainty[:, step] = (-generated.token_logprobs[:, : self.frame_tokens].mean(-1)).cpu().numpy()
             tracked = generated.tracked_probs[:, self.frame_tokens]  # the flag's (rows, 2)
             success[:, step] = (tracked[:, 1] / tracked.sum(-1).clamp(min=1e-9)).cpu().numpy()
             flags = np.zeros(rows, dtype=bool)
             for i, completion in enumerate(generated.completions()):
-                parsed, parsed_flags, error = R.parse_rollout(completion, 1, self.frame_tokens)
+                parsed, parsed_flags, error = V.parse_rollout(completion, 1, self.frame_tokens)
                 if errors[i] is None and error is not None:
                     errors[i] = f"frame {step}: {error}" if k > 1 else error
                 if errors[i] is None:
@@ -410,7 +416,7 @@ class RobotWorldModel:
             if step < k - 1:
                 current = [self.slide(current[i], context[i, step], flags[i], future_actions[i // num_samples][step])
                            for i in range(rows)]
-        return Rollout(codes, success, errors, frames, context)
+        return Rollout(codes, success, errors, frames, context, uncertainty)
 
 
 def predict_in_batches(world: RobotWorldModel, prompts, start: RolloutStart, k: int, future,

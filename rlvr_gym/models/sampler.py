@@ -50,6 +50,9 @@ class Rollout:
     tracked_probs: torch.Tensor | None = None
     """(rows, max_new_tokens, len(track_token_ids)): the model's probability (temperature 1) of each tracked
     token at each position, e.g. a success flag's probability as a success head."""
+    token_logprobs: torch.Tensor | None = None
+    """(rows, max_new_tokens) with `track_logprobs`: the log-probability (temperature 1, within `allowed_tokens`) of
+    the token each position took; 0 where forced or past the end. A model's confidence in what it generated."""
 
     @property
     def lengths(self) -> list[int]:
@@ -103,11 +106,13 @@ def sample(
     generator: torch.Generator | None = None,
     track_token_ids: Sequence[int] = (),
     allowed_tokens: torch.Tensor | None = None,
+    track_logprobs: bool = False,
 ) -> Rollout:
     """Sample `num_samples` completions for each prompt (token ids).
 
     `forced[i]` maps completion positions to the token that prompt i's samples must take there;
     `track_token_ids` asks for the model's probability of these tokens at every position;
+    `track_logprobs` for the log-probability of each token taken (`Rollout.token_logprobs`);
     `allowed_tokens` (max_new_tokens, vocab) bool restricts each completion position to a fixed layout's tokens
     (e.g. frame codes, then a success flag), so that every sample can be parsed.
     """
@@ -141,6 +146,7 @@ def sample(
     in_completion = torch.zeros((rows, T), dtype=torch.bool, device=device)
     tracked = torch.as_tensor(list(track_token_ids), dtype=torch.long, device=device)
     tracked_probs = torch.zeros((rows, T, len(tracked)), device=device) if len(tracked) else None
+    token_logprobs = torch.zeros((rows, T), device=device) if track_logprobs else None
     batch_rows = torch.arange(rows, device=device)  # the output row of each row in the running batch
     alive = torch.ones(rows, dtype=torch.bool, device=device)
     any_forced, any_stop = bool((forced_ids >= 0).any()), len(stop) > 0
@@ -157,6 +163,11 @@ def sample(
             tokens = torch.where(forced_now >= 0, forced_now, tokens)
         rows_now = batch_rows[alive] if ended else batch_rows
         out[rows_now, t] = tokens[alive] if ended else tokens
+        if token_logprobs is not None:
+            taken = logits.float().log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+            if any_forced:
+                taken = torch.where(forced_now >= 0, torch.zeros_like(taken), taken)
+            token_logprobs[rows_now, t] = taken[alive] if ended else taken
         in_completion[rows_now, t] = True
         if t == T - 1:
             break
@@ -175,7 +186,7 @@ def sample(
                 tokens, batch_rows, alive, ended = tokens[keep], batch_rows[keep], alive[keep], 0
         logits = decoder.step(tokens)
     prompt_rows = [list(p) for p in prompts for _ in range(num_samples)]
-    return Rollout(prompt_rows, out, in_completion, in_completion & (forced_ids >= 0), tracked_probs)
+    return Rollout(prompt_rows, out, in_completion, in_completion & (forced_ids >= 0), tracked_probs, token_logprobs)
 
 
 def sample_texts(

@@ -1,17 +1,14 @@
-"""The learned robot simulator: the RT-1-style video world model as a Gymnasium env and a batched VectorEnv.
-
-A world-model checkpoint directory (see `rlvr_gym.models.robot_world_model`) also holds the initial states the
-simulator starts from, real first frames of collected episodes, as DIAMOND and RLVR-World do:
-    initial_states.npz   frames uint8 (N, 64, 64, 3), tasks (N,) str, instructions (N,) str, seeds (N,) int
+"""The learned robot simulator: the RT-1-style video world model as a Gymnasium env and a batched VectorEnv,
+starting from the real first frames its checkpoint holds (`rlvr_gym.data.robot.load_initial_states`).
+(Longer than 500 lines: the simulator core, the env, the vector env and the success calibration share one state.)
 """
 
 from __future__ import annotations
 
 import os
-import zipfile
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,95 +19,20 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from envs.robot.tasks import Task, task_from_instruction
+from rlvr_gym.data import video_tokens as V
 from rlvr_gym.data.episodes import Episode, load_episodes
-from rlvr_gym.domains import robot as R
-from rlvr_gym.models.lm import CheckpointError
+from rlvr_gym.data.robot import InitialStates, load_initial_states
+from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
 from rlvr_gym.models.sampler import SamplingConfig
 from rlvr_gym.models.state_reader import READ_NAMES, success_probability
-from rlvr_gym.sim.real_env_versions import check_real_env_versions, write_real_env_versions
 
-INITIAL_STATES = "initial_states.npz"
 IMAGE_SHAPE = (64, 64, 3)
 DEFAULT_CHECKPOINT = "rt1-rlvr"
 DEFAULT_HORIZON = 50
 
 
 # ---------------------------------------------------------------------------------------------------- initial states
-
-
-@dataclass
-class InitialStates:
-    """Real first frames the simulator resets to, with the task each episode was collected for."""
-
-    frames: np.ndarray
-    """uint8 (N, 64, 64, 3)"""
-    tasks: np.ndarray
-    """(N,) unicode task names"""
-    instructions: np.ndarray
-    """(N,) unicode instructions"""
-    seeds: np.ndarray
-    """(N,) int64 real-env reset seeds (-1 for imported episodes)"""
-
-    def __len__(self) -> int:
-        return len(self.frames)
-
-    def select(self, rows: np.ndarray) -> InitialStates:
-        return InitialStates(self.frames[rows], self.tasks[rows], self.instructions[rows], self.seeds[rows])
-
-
-def save_initial_states(world_dir: str | os.PathLike, episodes: Sequence[Episode], n: int = 64) -> Path:
-    """Store the first frames of up to n episodes, taken in turn from each task, as WORLD_DIR/initial_states.npz."""
-    if n < 1:
-        raise ValueError(f"n must be a positive number of initial states, got {n}")
-    if not episodes:
-        raise ValueError("no episodes to take initial states from; pass the world model's training episodes")
-    by_task: dict[str, deque[Episode]] = {}
-    for episode in episodes:
-        by_task.setdefault(episode.task, deque()).append(episode)
-    chosen: list[Episode] = []
-    while len(chosen) < n and any(by_task.values()):
-        for queue in by_task.values():
-            if queue and len(chosen) < n:
-                chosen.append(queue.popleft())
-    path = Path(world_dir) / INITIAL_STATES
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez_compressed(
-        tmp,
-        frames=np.stack([e.frames[0] for e in chosen]).astype(np.uint8),
-        tasks=np.array([e.task for e in chosen], dtype=str),
-        instructions=np.array([e.instruction for e in chosen], dtype=str),
-        seeds=np.array([e.seed for e in chosen], dtype=np.int64),
-    )
-    os.replace(tmp, path)
-    write_real_env_versions(world_dir, "rt1")
-    return path
-
-
-def load_initial_states(world_dir: str | os.PathLike) -> InitialStates:
-    """Read WORLD_DIR/initial_states.npz (no pickles), checked for shapes and types."""
-    path = Path(world_dir) / INITIAL_STATES
-    if not path.is_file():
-        raise CheckpointError(
-            f"{world_dir} has no {INITIAL_STATES}, so the simulator has no real frames to start from; "
-            "write them with rlvr_gym.sim.robot.save_initial_states(world_dir, episodes)"
-        )
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            states = InitialStates(npz["frames"], npz["tasks"], npz["instructions"], npz["seeds"])
-    except (zipfile.BadZipFile, ValueError, OSError, KeyError, EOFError) as error:
-        raise CheckpointError(f"{path} is corrupt ({type(error).__name__}: {error}); write it again with save_initial_states") from None
-    n = len(states.frames)
-    if states.frames.dtype != np.uint8 or states.frames.shape[1:] != IMAGE_SHAPE or n == 0:
-        raise CheckpointError(f"{path}: frames must be uint8 (N >= 1, 64, 64, 3), got {states.frames.dtype} {states.frames.shape}")
-    for name in ("tasks", "instructions", "seeds"):
-        array = getattr(states, name)
-        kind = "i" if name == "seeds" else "U"
-        if array.shape != (n,) or array.dtype.kind != kind:
-            raise CheckpointError(f"{path}: {name} must be a ({n},) {'int' if kind == 'i' else 'unicode'} array, got {array.dtype} {array.shape}")
-    check_real_env_versions(world_dir, "rt1")
-    return states
 
 
 # ---------------------------------------------------------------------------------------------------- simulator core
@@ -142,7 +64,24 @@ class _Rollout:
     """The state reader's reading of `frame`, if the world model has a reader (`info["read_state"]`)."""
     steps: int = 0
     success_prob: float = 0.0
+    uncertainty: float = 0.0
+    """The transformer's mean negative log-likelihood (nats per code) of the codes of `frame`."""
     error: str | None = None
+
+
+@dataclass
+class Guard:
+    """What the env does with the model's uncertainty about the frame it shows (`info["uncertainty"]`)."""
+
+    penalty: float = 0.0
+    """MOPO: reward minus penalty x uncertainty (0: off)."""
+    halt_above: float | None = None
+    """MOReL: end the episode, truncated and unpaid, once the uncertainty exceeds this (None: off)."""
+
+    def __post_init__(self):
+        if self.penalty < 0 or (self.halt_above is not None and self.halt_above <= 0):
+            raise ValueError(f"uncertainty_penalty must be >= 0 and halt_uncertainty > 0 (or None); got {self.penalty} "
+                             f"and {self.halt_above}")
 
 
 @dataclass
@@ -155,10 +94,11 @@ class _Simulator:
     sampling: SamplingConfig
     first_states: np.ndarray | None = None
     """The state reader's reading of each initial state, if the world model has a reader."""
+    guard: Guard = field(default_factory=Guard)
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, task: str | None, temperature: float,
-             device: str | torch.device = "cpu") -> _Simulator:
+             device: str | torch.device = "cpu", guard: Guard | None = None) -> _Simulator:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         world = RobotWorldModel.load(checkpoint, device)
@@ -170,7 +110,7 @@ class _Simulator:
             states = states.select(rows)
         first_codes = np.concatenate([world.encode(f, f) for f in np.array_split(states.frames, -(-len(states) // 256))])
         first_states = world.state_reader.read(states.frames) if world.state_reader is not None else None
-        return cls(world, states, first_codes, SamplingConfig(temperature=temperature), first_states)
+        return cls(world, states, first_codes, SamplingConfig(temperature=temperature), first_states, guard or Guard())
 
     def start(self, rng: np.random.Generator, index: int | None = None) -> _Rollout:
         """A new rollout from initial state `index`, or one drawn with `rng`."""
@@ -227,7 +167,19 @@ class _Simulator:
             rollout.before = rollout.frame
             rollout.flags.append(bool(result.success[i, 0] > rollout.threshold))
             rollout.frame, rollout.success_prob, rollout.error = result.frames[i, 0], float(result.success[i, 0]), result.errors[i]
+            rollout.uncertainty = float(result.uncertainty[i, 0])
             rollout.steps += 1
+
+    def halted(self, rollout: _Rollout) -> bool:
+        return self.guard.halt_above is not None and rollout.steps > 0 and rollout.uncertainty > self.guard.halt_above
+
+    def outcome(self, rollout: _Rollout, horizon: int) -> tuple[float, bool, bool]:
+        """(reward, terminated, truncated) of a rollout's last step: paid on predicted success, less the uncertainty
+        penalty; a halted rollout ends truncated and unpaid."""
+        halted = self.halted(rollout)
+        success = rollout.success_prob > rollout.threshold and not halted
+        reward = float(success) - self.guard.penalty * rollout.uncertainty
+        return reward, success, not success and (halted or rollout.steps >= horizon)
 
     def info(self, rollout: _Rollout) -> dict[str, Any]:
         info = {
@@ -238,7 +190,10 @@ class _Simulator:
             "instruction": str(self.states.instructions[rollout.index]),
             "step": rollout.steps,
             "initial_state": rollout.index,
+            "uncertainty": rollout.uncertainty,
+            "halted": self.halted(rollout),
         }
+        info["is_success"] = info["is_success"] and not info["halted"]
         if rollout.state is not None:
             info["read_state"] = dict(zip(READ_NAMES, rollout.state.tolist()))
         if rollout.error is not None:
@@ -279,15 +234,6 @@ def replay_max_success_probs(sim: _Simulator, episodes: Sequence[Episode], num_e
             for i in live:
                 best[start + i] = max(best[start + i], rollouts[i].success_prob)
     return best
-
-
-def balanced_accuracy(max_probs: np.ndarray, succeeded: np.ndarray, threshold: float) -> float:
-    """Balanced accuracy of calling an episode a success when its highest success probability exceeds threshold."""
-    succeeded = np.asarray(succeeded, dtype=bool)
-    predicted = np.asarray(max_probs) > threshold
-    tpr = predicted[succeeded].mean() if succeeded.any() else 1.0
-    tnr = (~predicted[~succeeded]).mean() if (~succeeded).any() else 1.0
-    return float((tpr + tnr) / 2)
 
 
 def best_threshold(max_probs: np.ndarray, succeeded: np.ndarray) -> tuple[float, float]:
@@ -363,7 +309,7 @@ def _check_args(horizon: int, render_mode: str | None, render_modes: list[str]) 
 
 
 def _spaces() -> tuple[gym.spaces.Box, gym.spaces.Box]:
-    return gym.spaces.Box(0, 255, IMAGE_SHAPE, np.uint8), gym.spaces.Box(-1.0, 1.0, (R.ACTION_DIM,), np.float32)
+    return gym.spaces.Box(0, 255, IMAGE_SHAPE, np.uint8), gym.spaces.Box(-1.0, 1.0, (V.ACTION_DIM,), np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------- single env
@@ -404,8 +350,8 @@ class RT1WorldEnv(gym.Env):
     Terminated when the predicted success probability exceeds that threshold; truncated after `horizon` steps.
     `info`: `success_prob`, `success_threshold` (what it is compared with), `is_success`, `task`, `instruction`,
     `step`, `initial_state` (the row), `read_state` (with a state reader: object centres, drawer joint and target
-    marker in metres, as read off the frame) and `error` when the model's output could not be parsed (the last
-    frame is repeated then).
+    marker in metres, as read off the frame), `uncertainty` and `halted` (see the arguments) and `error` when the
+    model's output could not be parsed (the last frame is repeated then).
 
     ## Arguments
     - `checkpoint`: a world-model directory or shipped name (default "rt1-rlvr").
@@ -417,6 +363,10 @@ class RT1WorldEnv(gym.Env):
     - `device`: where the world model runs: "cpu" (default), "cuda", "cuda:1", or "auto" (the first GPU if there is
       one). Greedy frames agree across devices up to floating-point rounding; samples are drawn on the CPU, so a
       seed draws the same numbers everywhere.
+    - `uncertainty_penalty` (MOPO, default 0: off): the reward less this times `info["uncertainty"]`, the
+      transformer's mean negative log-likelihood of the codes it generated for the frame shown (nats per code).
+    - `halt_uncertainty` (MOReL, default None: off): once `info["uncertainty"]` exceeds it the episode ends,
+      truncated and unpaid, with `info["halted"]` True: the agent has driven the model where it is guessing.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
@@ -429,9 +379,11 @@ class RT1WorldEnv(gym.Env):
         temperature: float = 0.0,
         render_mode: str | None = None,
         device: str = "cpu",
+        uncertainty_penalty: float = 0.0,
+        halt_uncertainty: float | None = None,
     ):
         _check_args(horizon, render_mode, self.metadata["render_modes"])
-        self.sim = _Simulator.load(checkpoint, task, temperature, device)
+        self.sim = _Simulator.load(checkpoint, task, temperature, device, Guard(uncertainty_penalty, halt_uncertainty))
         self.horizon = horizon
         self.task = task
         self.temperature = temperature
@@ -450,12 +402,11 @@ class RT1WorldEnv(gym.Env):
     def step(self, action):
         if self._rollout is None:
             raise RuntimeError("call reset() before step()")
-        action = _check_actions(action, (R.ACTION_DIM,))
+        action = _check_actions(action, (V.ACTION_DIM,))
         self.sim.advance([self._rollout], action[None], self._generator)
         info = self.sim.info(self._rollout)
-        terminated = info["is_success"]
-        truncated = self._rollout.steps >= self.horizon and not terminated
-        return self._rollout.frame.copy(), float(terminated), terminated, truncated, info
+        reward, terminated, truncated = self.sim.outcome(self._rollout, self.horizon)
+        return self._rollout.frame.copy(), reward, terminated, truncated, info
 
     def render(self):
         if self.render_mode is None:
@@ -506,13 +457,15 @@ class RT1WorldVectorEnv(VectorEnv):
         render_mode: str | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         device: str = "cpu",
+        uncertainty_penalty: float = 0.0,
+        halt_uncertainty: float | None = None,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         _check_args(horizon, render_mode, self.metadata["render_modes"])
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
-        self.sim = _Simulator.load(checkpoint, task, temperature, device)
+        self.sim = _Simulator.load(checkpoint, task, temperature, device, Guard(uncertainty_penalty, halt_uncertainty))
         self.num_envs = num_envs
         self.horizon = horizon
         self.task = task
@@ -559,7 +512,7 @@ class RT1WorldVectorEnv(VectorEnv):
     def step(self, actions):
         if any(r is None for r in self._rollouts):
             raise RuntimeError("call reset() before step()")
-        actions = _check_actions(actions, (self.num_envs, R.ACTION_DIM))
+        actions = _check_actions(actions, (self.num_envs, V.ACTION_DIM))
         if self.autoreset_mode == AutoresetMode.DISABLED and self._needs_reset.any():
             raise RuntimeError(
                 f"sub-envs {np.flatnonzero(self._needs_reset).tolist()} have ended; with autoreset DISABLED reset them "
@@ -575,10 +528,10 @@ class RT1WorldVectorEnv(VectorEnv):
         if len(stepping):
             rollouts = [self._rollouts[i] for i in stepping]
             self.sim.advance(rollouts, actions[stepping], self._generator)
-            success = np.array([r.success_prob > r.threshold for r in rollouts])
-            terminated[stepping] = success
-            truncated[stepping] = np.array([r.steps >= self.horizon for r in rollouts]) & ~success
-            rewards[stepping] = success
+            outcomes = [self.sim.outcome(r, self.horizon) for r in rollouts]
+            rewards[stepping] = [o[0] for o in outcomes]
+            terminated[stepping] = [o[1] for o in outcomes]
+            truncated[stepping] = [o[2] for o in outcomes]
         ended = terminated | truncated
         self._needs_reset = ended & (self.autoreset_mode != AutoresetMode.SAME_STEP)
         final: dict[str, Any] = {}

@@ -1,5 +1,6 @@
 """The learned text-game simulator: a text world model stepped from real TextWorld start states, as a Gymnasium env,
 and a wrapper that gives SB3 a Discrete action over the state's commands and a fixed-size observation.
+(Longer than 500 lines: the start states, the batched simulator core, the env and its SB3 wrapper are one contract.)
 
 A text world-model checkpoint directory (a Hugging Face causal LM with its tokenizer, see `rlvr_gym.models.lm`) also
 holds the start states the simulator resets to, written by `write_start_states`:
@@ -28,11 +29,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import gymnasium as gym
 import numpy as np
 
+from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
 from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild, states_match
 from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
-from rlvr_gym.sim.real_env_versions import check_real_env_versions, write_real_env_versions
 
 if TYPE_CHECKING:
     from envs.textworld import TextWorldGame

@@ -1,5 +1,6 @@
 """The learned web simulator: a web world model (any HF causal LM trained by `train web-sft` / `web-rlvr`) as a
 Gymnasium env over MiniWoB++ pages, and a wrapper that gives SB3 a discrete action over the page's elements.
+(Longer than 500 lines: the start pages, the batched predictor, the env and its SB3 wrapper are one contract.)
 
 A web checkpoint directory (HF model + tokenizer) also holds the real pages the simulator starts from, written by
 `write_start_pages` from the real MiniWoB++ env (held-out seeds: neither the training nor the held-out set holds them):
@@ -29,12 +30,12 @@ import torch
 
 from envs.web import TASKS, InvalidAction, WebTaskEnv, click, parse, parse_action, type_text
 from envs.web.tree import normalise_tree
+from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
 from rlvr_gym.data.web import encode_prompts
 from rlvr_gym.domains.web import apply_diff, expand_diff, parse_target
 from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
-from rlvr_gym.sim.real_env_versions import check_real_env_versions, write_real_env_versions
 
 START_PAGES = "web_start_pages.json"
 START_PAGES_FORMAT, START_PAGES_VERSION = "rlvr-gym-web-start-pages", 1
