@@ -3,16 +3,20 @@ the MuJoCo tabletop from held-out start states, and TextWorld."""
 
 import csv
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import torch
 from stable_baselines3 import PPO
 from test_sim_textgame import game_dir, garbage_checkpoint, start_file  # noqa: F401  (a tiny learned text game)
 
 from agents.robot import EVAL_SEED_RUN, check_held_out, evaluate_in_real, make_sim_env, real_start_states
 from agents.train_sb3 import Args, train
 from rlvr_gym.data.episodes import SEEDS_PER_RUN, CollectConfig, collect, load_episodes
-from rlvr_gym.data.robot import save_initial_states
+from rlvr_gym.data.robot import load_initial_states, save_initial_states
 from rlvr_gym.models.lm import LlamaSize
+from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.train.frame_tokenizer import TokenizerConfig, train_frame_tokenizer
 from rlvr_gym.train.rt1_mle import RT1MLEConfig, run_rt1_mle
 from rlvr_gym.train.sft import SFTConfig
@@ -93,3 +97,42 @@ def test_dqn_trains_in_the_learned_text_game_and_is_scored_in_real_textworld(gar
                         eval_episodes=1, batch_size=8, buffer_size=100, out=str(tmp_path)))
     assert result["steps"] == 24 and result["real"]["episodes"] == 1 and 0.0 <= result["real"]["success_rate"] <= 1.0
     assert (tmp_path / "checkpoints" / "dqn_24_steps.zip").is_file()
+
+
+def test_cotraining_counts_real_steps_refits_the_world_on_the_agents_episodes_and_resumes(tiny_world, tmp_path,
+                                                                                         monkeypatch):
+    from agents import cotrain
+
+    config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), checkpoint=tiny_world, task="open_drawer", rounds=1,
+                                   real_steps=10, eval_episodes=2, sim_steps=32, num_envs=2, horizon=6, frame_size=16,
+                                   replay=str(Path(tiny_world).parent.parent / "train"), mle_steps=2, grpo_steps=1,
+                                   n_steps=8)
+    first = cotrain.run_cotrain(config)
+    collected = load_episodes(tmp_path / "run" / "round_00" / "real")
+    data_steps = sum(len(e) for e in collected)
+    assert data_steps >= 10 and all(e.policy == "agent" and e.task == "open_drawer" for e in collected)
+    assert data_steps < first["real_steps_total"] <= data_steps + 2 * 6  # the two scoring episodes count too
+    assert 0 <= first["real_success"] <= 1 and 0 <= first["learned_success"] <= 1 and first["agent_steps"] >= 32
+    # The refitted simulator starts from the real states the agent saw, and its transformer moved.
+    starts = load_initial_states(first["world"])
+    assert sorted(starts.seeds.tolist()) == sorted(e.seed for e in collected)
+    before = RobotWorldModel.load(tiny_world).lm.state_dict()
+    after = RobotWorldModel.load(first["world"]).lm.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    # Killed in the middle of round 1's refit: the rerun resumes there, redoes nothing finished, loses nothing.
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cotrain, "refit", killed)
+    with pytest.raises(KeyboardInterrupt):
+        cotrain.run_cotrain(replace(config, rounds=2))
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert (state["round"], state["phase"]) == (1, "refit") and state["real_steps_total"] > first["real_steps_total"]
+    monkeypatch.undo()
+    second = cotrain.run_cotrain(replace(config, rounds=2))
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [0, 1] and second == rounds[-1]
+    assert second["real_steps_total"] > state["real_steps_total"] and second["world"] != first["world"]
+    with pytest.raises(ValueError, match="other settings"):
+        cotrain.run_cotrain(replace(config, rounds=3, mle_steps=5))

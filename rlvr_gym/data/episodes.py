@@ -23,7 +23,7 @@ import os
 import shlex
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, fields
@@ -335,20 +335,23 @@ def collect(config: CollectConfig) -> Path:
         bar.close()
 
 
-def collect_episode(env: RealRT1Env, task: str, policy: str, seed: int) -> Episode:
-    """Run one episode in a RealRT1Env made for `task`: reset with `seed`, act with `policy` until it ends."""
+def named_policy(task: str, policy: str, seed: int) -> Callable[[np.ndarray, dict], np.ndarray]:
+    """The collection policy `policy` names: 'random' or 'scripted:<skill in [0, 1]>', seeded."""
     from envs.robot import make_scripted_policy
 
     if policy == "random":
         rng = np.random.default_rng(seed)
+        return lambda obs, info: rng.uniform(-1.0, 1.0, ACTION_DIM)
+    if policy.startswith("scripted:"):
+        return make_scripted_policy(task, float(policy.split(":", 1)[1]), seed)
+    raise ValueError(f"unknown policy {policy!r}: use 'random' or 'scripted:<skill in [0, 1]>'")
 
-        def act(obs: np.ndarray, info: dict) -> np.ndarray:
-            return rng.uniform(-1.0, 1.0, ACTION_DIM)
 
-    elif policy.startswith("scripted:"):
-        act = make_scripted_policy(task, float(policy.split(":", 1)[1]), seed)
-    else:
-        raise ValueError(f"unknown policy {policy!r}: use 'random' or 'scripted:<skill in [0, 1]>'")
+def collect_episode(env: RealRT1Env, task: str, policy: str, seed: int,
+                    act: Callable[[np.ndarray, dict], np.ndarray] | None = None) -> Episode:
+    """Run one episode in a RealRT1Env made for `task`: reset with `seed`, act until it ends. `act` (frame, info) ->
+    action acts when given, and `policy` only names it in the data; else `policy` names the policy that acts."""
+    act = act or named_policy(task, policy, seed)
     obs, info = env.reset(seed=seed)
     frames, states, actions, rewards, success = [obs], [_state(info)], [], [], []
     while True:
