@@ -256,8 +256,9 @@ def run_cotrain(config: CoTrainConfig) -> dict:
             env.close()
             env = make_sim_env(state.world, config.num_envs, config.task, config.horizon, config.frame_size)
             agent.set_env(env)
-            with tqdm(total=config.sim_steps, desc=f"round {state.round}: agent (learned sim)", unit="step",
-                      leave=False) as bar:
+            rollout = config.n_steps * config.num_envs  # PPO learns in whole rollouts
+            with tqdm(total=-(-config.sim_steps // rollout) * rollout, desc=f"round {state.round}: agent (learned sim)",
+                      unit="step", leave=False) as bar:
                 agent.learn(config.sim_steps, reset_num_timesteps=False, callback=lambda *_: bar.update(env.num_envs) or True)
             agent.save(round_dir / "agent.zip")
             shutil.copy2(round_dir / "agent.zip", agent_path)
