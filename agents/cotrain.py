@@ -9,7 +9,8 @@ setup do, with RLVR in it:
       episodes are written in the world model's own format (`rlvr_gym.data.episodes`);
   (b) refit: the world model's transformer is fine-tuned by MLE on every agent episode so far (mixed with `replay`,
       its original training data, when given), then by GRPO with the video reward on prompts from this round's
-      episodes (`grpo_steps` 0 is the MLE-only ablation); the simulator then resets from the real start states the
+      episodes, weighted toward the steps where the simulator was most wrong about the real next frame or its
+      success (`grpo_steps` 0 is the MLE-only ablation); the simulator then resets from the real start states the
       agent has seen;
   (c) agent: PPO goes on learning inside the refitted simulator for `sim_steps` steps;
   (d) score: the agent in the real env from held-out start states, and in the learned env.
@@ -91,6 +92,9 @@ class CoTrainConfig:
     """MLE learning rate of the refit."""
     grpo_steps: int = 10
     """GRPO steps per refit after the MLE ones (0: MLE-only refits, the ablation)."""
+    surprise_prompts: float = 0.5
+    """Fraction of the GRPO prompts from the steps where the refitted simulator was most wrong about the real next
+    frame or its success (`RT1RLVRConfig.surprise_prompts`)."""
     learning_rate: float = 3e-4
     """PPO learning rate."""
     n_steps: int = 32
@@ -181,7 +185,7 @@ def refit(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
                       save_every=max(config.grpo_steps, 1), seed=config.seed,
                       resume=(out / "rlvr" / "checkpoints").exists())
     recipe = RT1RLVRConfig(data=str(out / "real"), model=str(mle_dir), out=str(out / "rlvr"), horizon=1,
-                           rollout_depth=1, rollout_prompts=4 * config.grpo_steps, seed=config.seed, grpo=grpo)
+                           rollout_depth=1, surprise_prompts=config.surprise_prompts, seed=config.seed, grpo=grpo)
     rlvr_dir = run_rt1_rlvr(recipe)
     save_initial_states(rlvr_dir, seen, n=len(seen))
     return str(rlvr_dir)

@@ -809,3 +809,18 @@ def test_state_reader_learns_states_from_frames_and_decides_the_simulators_succe
     (tmp_path / "copy" / "state_reader" / "model.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(CheckpointError, match="state reader"):
         RobotWorldModel.load(tmp_path / "copy")
+
+
+def test_surprise_flags_mark_the_steps_the_model_got_most_wrong(tiny_world):
+    from rlvr_gym.data.robot import rlvr_examples
+    from rlvr_gym.train.rt1_rlvr import surprise_flags
+
+    root, world_dir = tiny_world
+    world, episodes = RobotWorldModel.load(world_dir), load_episodes(root / "train")
+    examples = rlvr_examples(world, episodes, 1)
+    flags = surprise_flags(world, episodes, examples)
+    assert flags.dtype == bool and flags.shape == (len(examples),)
+    assert 0.25 <= flags.mean() < 1.0  # the top quarter by frame error, and any success flag the model got wrong
+    with pytest.raises(ValueError, match="surprise-prompts"):
+        run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "x"),
+                                   rollout_depth=2, surprise_prompts=0.5))

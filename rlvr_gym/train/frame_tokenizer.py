@@ -17,9 +17,7 @@ import torch
 from rlvr_gym.data.episodes import Episode, load_episodes
 from rlvr_gym.domains import robot as R
 from rlvr_gym.models.frame_tokenizer import CONTEXT_FRAMES, FrameTokenizer, FrameTokenizerConfig
-from rlvr_gym.models.robot_world_model import (
-    load_frame_tokenizer,
-)
+from rlvr_gym.models.robot_world_model import load_frame_tokenizer
 from rlvr_gym.train import run as RUN
 
 log = logging.getLogger("rlvr_gym")

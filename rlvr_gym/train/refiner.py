@@ -18,6 +18,12 @@ import torch
 
 from rlvr_gym.data import video_tokens as V
 from rlvr_gym.data.episodes import Episode, load_episodes
+from rlvr_gym.data.robot import (
+    episode_codes,
+    frame_flags,
+    whole_object_moves,
+    whole_object_reveals,
+)
 from rlvr_gym.domains import robot as R
 from rlvr_gym.domains.lpips import load_lpips
 from rlvr_gym.models.frame_tokenizer import FrameTokenizer
@@ -33,12 +39,6 @@ from rlvr_gym.train.frame_tokenizer import reconstruction_loss
 from rlvr_gym.train.robot import rollout_starts, save_with_initial_states
 
 log = logging.getLogger("rlvr_gym")
-from rlvr_gym.data.robot import (
-    episode_codes,
-    frame_flags,
-    whole_object_moves,
-    whole_object_reveals,
-)
 
 
 @dataclass

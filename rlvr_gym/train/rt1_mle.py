@@ -14,23 +14,19 @@ import torch
 
 from rlvr_gym.data import video_tokens as V
 from rlvr_gym.data.episodes import load_episodes
-from rlvr_gym.data.robot import save_initial_states
-from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
-from rlvr_gym.models.robot_world_model import (
-    RobotWorldModel,
-    WorldModelSettings,
-    load_frame_tokenizer,
+from rlvr_gym.data.robot import (
+    episode_codes,
+    mle_examples,
+    save_initial_states,
+    windows_with_moves,
 )
+from rlvr_gym.models.lm import LlamaSize, build_llama, load_model
+from rlvr_gym.models.robot_world_model import RobotWorldModel, WorldModelSettings, load_frame_tokenizer
 from rlvr_gym.train import run as RUN
 from rlvr_gym.train.robot import repeat_moved
 from rlvr_gym.train.sft import SFTConfig, train_sft
 
 log = logging.getLogger("rlvr_gym")
-from rlvr_gym.data.robot import (
-    episode_codes,
-    mle_examples,
-    windows_with_moves,
-)
 
 
 @dataclass

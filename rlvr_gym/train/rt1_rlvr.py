@@ -13,16 +13,6 @@ import numpy as np
 
 from rlvr_gym.data import video_tokens as V
 from rlvr_gym.data.episodes import Episode, load_episodes
-from rlvr_gym.models.lm import load_model
-from rlvr_gym.models.robot_world_model import (
-    RobotWorldModel,
-    RolloutStart,
-)
-from rlvr_gym.train import run as RUN
-from rlvr_gym.train.grpo import GRPOConfig, train_grpo
-from rlvr_gym.train.robot import draw_prompts, repeat_moved, save_with_initial_states
-
-log = logging.getLogger("rlvr_gym")
 from rlvr_gym.data.robot import (
     episode_codes,
     example_flags,
@@ -32,6 +22,13 @@ from rlvr_gym.data.robot import (
     whole_object_reveals,
 )
 from rlvr_gym.domains.robot import frame_reward_fn
+from rlvr_gym.models.lm import load_model
+from rlvr_gym.models.robot_world_model import RobotWorldModel, RolloutStart, predict_in_batches
+from rlvr_gym.train import run as RUN
+from rlvr_gym.train.grpo import GRPOConfig, train_grpo
+from rlvr_gym.train.robot import draw_prompts, repeat_moved, save_with_initial_states
+
+log = logging.getLogger("rlvr_gym")
 
 
 @dataclass
@@ -71,6 +68,11 @@ class RT1RLVRConfig:
     the gripper (`R.revealed_objects`; a third of the moved ones), drawn before --moved-prompts' share. Every object
     the shipped models still lose is one of these (docs/research/rt1_experiments.md, session 19). Measured (session 20): 0.25
     of them, with 0.25 moved, did not place moved objects better at step 5 than rt1-mle."""
+    surprise_prompts: float = 0.0
+    """With --rollout-depth 1: fraction of the prompts where the starting model was most wrong about the real next
+    frame (the top quarter by L1 of its greedy prediction, or where its success flag contradicts the real one),
+    repeated until they make it: RLVR weighted toward the steps the simulator and the real env disagree on (the
+    co-training loop's refits). 0 keeps the data's own mix."""
     seed: int = 0
     """Draws the rollout prompts."""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=200, lr=5e-5, prompts_per_step=8, group_size=8, beta=0.0,
@@ -120,12 +122,26 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
     return out
 
 
+def surprise_flags(world: RobotWorldModel, episodes: list[Episode], examples: list[dict]) -> np.ndarray:
+    """Per single-step example: whether the model's greedy next frame is in the top quarter by L1 against the real
+    one, or its success flag (above 0.5) contradicts the real env's."""
+    where = [(ex["episode"], ex["t"]) for ex in examples]
+    predicted = predict_in_batches(world, [ex["prompt_ids"] for ex in examples], RolloutStart.of_episodes(episodes, where),
+                                   1, None)
+    real = np.stack([episodes[e].frames[t + 1] for e, t in where]).astype(np.float32)
+    error = np.abs(predicted.frames[:, 0].astype(np.float32) - real).mean(axis=(1, 2, 3))
+    flag_wrong = (predicted.success[:, 0] > 0.5) != np.array([episodes[e].success[t] for e, t in where])
+    return (error >= np.quantile(error, 0.75)) | flag_wrong
+
+
 def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     if not 0 <= config.moved_prompts < 1:
         raise ValueError(f"--moved-prompts is a fraction in [0, 1), got {config.moved_prompts}")
     if not 0 <= config.revealed_prompts < 1 or config.moved_prompts + config.revealed_prompts >= 1:
         raise ValueError("--revealed-prompts is a fraction in [0, 1) whose sum with --moved-prompts stays below 1, got "
                          f"{config.revealed_prompts} and {config.moved_prompts}")
+    if not 0 <= config.surprise_prompts < 1 or (config.surprise_prompts > 0 and config.rollout_depth > 1):
+        raise ValueError(f"--surprise-prompts is a fraction in [0, 1) for --rollout-depth 1, got {config.surprise_prompts}")
     if config.revealed_prompts > 0 and config.rollout_depth == 1:
         raise ValueError("--revealed-prompts needs --rollout-depth > 1 (prompts drawn, not every transition)")
     d = RUN.setup_processes(config.grpo.threads)
@@ -145,6 +161,10 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
                                     revealed_fraction=config.revealed_prompts)
     else:
         examples = rlvr_examples(world, episodes, config.horizon, codes)
+        if config.surprise_prompts > 0:
+            surprising = surprise_flags(world, episodes, examples)
+            examples = repeat_moved(examples, surprising, config.surprise_prompts)
+            log.info("%d prompts after repeating the %d most surprising", len(examples), int(surprising.sum()))
         if config.moved_prompts > 0:
             moved = example_flags(episodes, examples, whole_object_moves)
             still = int((~moved).sum())

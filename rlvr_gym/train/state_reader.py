@@ -18,10 +18,7 @@ from envs.robot.tasks import TASKS, task_and_layout, task_from_instruction
 from rlvr_gym.data.episodes import STATE_NAMES, Episode, load_episodes
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.models.frame_tokenizer import FrameTokenizer
-from rlvr_gym.models.robot_world_model import (
-    RobotWorldModel,
-    load_state_reader,
-)
+from rlvr_gym.models.robot_world_model import RobotWorldModel, load_state_reader
 from rlvr_gym.models.state_reader import READ_NAMES, StateReader, StateReaderConfig, read_margin
 from rlvr_gym.train import run as RUN
 from rlvr_gym.train.robot import save_with_initial_states
