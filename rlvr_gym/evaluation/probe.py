@@ -164,7 +164,7 @@ def text_probe_policies(seed: int, episode: int) -> dict[str, Callable[[list[str
 
 def probe_textgame(config: TextProbeConfig) -> dict:
     """The probe in real TextWorld and RLVRWorld-TextGame-v0 from the checkpoint's start states."""
-    from rlvr_gym.evaluation.textgame_policies import _play_learned, _play_real
+    from rlvr_gym.evaluation.textgame_policies import play_learned, play_real
     from rlvr_gym.sim.textgame import DEFAULT_CHECKPOINT, DEFAULT_MAX_STEPS, TextGameSimulator
 
     torch.set_num_threads(1)
@@ -176,9 +176,9 @@ def probe_textgame(config: TextProbeConfig) -> dict:
     runs = [(name, e) for name in names for e in range(config.starts)]
     # Each env gets its own policy objects: a policy that remembers (RepeatFirst) must not carry one env's
     # memory into the other.
-    real_won, _ = _play_real(sim.starts, [indices[e] for _, e in runs],
+    real_won, _ = play_real(sim.starts, [indices[e] for _, e in runs],
                              [text_probe_policies(config.seed, e)[n] for n, e in runs], max_steps, config.game_dir)
-    learned_won, _, _ = _play_learned(sim, [indices[e] for _, e in runs],
+    learned_won, _, _ = play_learned(sim, [indices[e] for _, e in runs],
                                       [text_probe_policies(config.seed, e)[n] for n, e in runs], max_steps, config.seed)
     learned = {n: [bool(w) for (m, _), w in zip(runs, learned_won) if m == n] for n in names}
     real = {n: [bool(w) for (m, _), w in zip(runs, real_won) if m == n] for n in names}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -107,9 +108,9 @@ def run_textgame_policy_eval(config: TextGamePolicyEvalConfig) -> dict:
     def policy(k: int, e: int) -> PlanPolicy:
         return PlanPolicy(sim.starts[indices[e]].walkthrough, levels[k], np.random.default_rng([config.seed, k, e]))
 
-    real_won, real_return = _play_real(sim.starts, [indices[e] for _, e in runs], [policy(k, e) for k, e in runs],
+    real_won, real_return = play_real(sim.starts, [indices[e] for _, e in runs], [policy(k, e) for k, e in runs],
                                        config.max_steps, config.game_dir)
-    sim_won, sim_return, sim_error = _play_learned(sim, [indices[e] for _, e in runs], [policy(k, e) for k, e in runs],
+    sim_won, sim_return, sim_error = play_learned(sim, [indices[e] for _, e in runs], [policy(k, e) for k, e in runs],
                                                    config.max_steps, config.seed)
 
     def per_policy(values: list[float]) -> list[float]:
@@ -137,9 +138,12 @@ def run_textgame_policy_eval(config: TextGamePolicyEvalConfig) -> dict:
     return result
 
 
-def _play_real(
-    starts: list[StartState], indices: list[int], policies: list[PlanPolicy], max_steps: int, game_dir: str
+def play_real(
+    starts: list[StartState], indices: list[int], policies: list[Callable[[list[str]], str]], max_steps: int,
+    game_dir: str,
 ) -> tuple[list[float], list[float]]:
+    """Episode i from start state indices[i] in the real game, policies[i] choosing each command from the candidate
+    list: (won, return) per episode."""
     games = {i: open_real_game(starts[i], game_dir) for i in sorted(set(indices))}
     won, returns = [], []
     try:
@@ -159,8 +163,8 @@ def _play_real(
     return won, returns
 
 
-def _play_learned(
-    sim: TextGameSimulator, indices: list[int], policies: list[PlanPolicy], max_steps: int, seed: int
+def play_learned(
+    sim: TextGameSimulator, indices: list[int], policies: list[Callable[[list[str]], str]], max_steps: int, seed: int
 ) -> tuple[list[float], list[float], list[float]]:
     """All episodes at once: each step sends every running episode's command through one batched generation."""
     rollouts = [sim.start(np.random.default_rng(seed), index) for index in indices]
