@@ -1,6 +1,7 @@
 """Agents trained with the co-training loop against agents trained in the real env, at equal real-step budgets.
 
-    python -m bench.sim_to_real                          # writes runs/bench/sim_to_real.{md,json,png}
+    rlvr-gym collect rt1 --out runs/rt1/replay --episodes 200 --seed 1 --workers 2   # the models' own training run
+    python -m bench.sim_to_real --replay runs/rt1/replay  # writes runs/bench/sim_to_real.{md,json,png}
     python -m bench.sim_to_real --tasks open_drawer --seeds 0 --rounds 1 --real-steps 100 --sim-steps 512   # a smoke run
 
 Arms, each from the same seeds, each point its real success from held-out start states against the real env steps
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--sim-steps", type=int, default=4096)
     parser.add_argument("--eval-episodes", type=int, default=8)
     parser.add_argument("--grpo-steps", type=int, default=10)
+    parser.add_argument("--replay", default="", help="episodes mixed into every MLE refit (`rlvr-gym collect rt1`)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs: dict = {}
@@ -118,7 +120,8 @@ def main() -> None:
         for seed in args.seeds:
             base = CoTrainConfig(out=str(OUT / "sim_to_real" / task / f"loop-{seed}"), checkpoint=args.checkpoint,
                                  task=task, rounds=args.rounds, real_steps=args.real_steps, sim_steps=args.sim_steps,
-                                 eval_episodes=args.eval_episodes, grpo_steps=args.grpo_steps, seed=seed)
+                                 eval_episodes=args.eval_episodes, grpo_steps=args.grpo_steps, replay=args.replay,
+                                 seed=seed)
             arms = {"loop": base, "loop-mle": replace(base, out=base.out.replace("loop-", "loop-mle-"), grpo_steps=0)}
             curves = {}
             for name, config in arms.items():
