@@ -233,7 +233,6 @@ def test_pipeline_trains_a_world_model_that_predicts_parseable_frames(tiny_world
     assert frames.shape == (2, 64, 64, 3) and frames.dtype == np.uint8
 
 
-
 def test_multi_step_prediction_slides_the_context_window_as_the_env_steps(tiny_world):
     root, world_dir = tiny_world
     world = RobotWorldModel.load(world_dir)

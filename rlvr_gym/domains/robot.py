@@ -306,8 +306,6 @@ def object_reward_error(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
     return np.where(shown, d, 0.0).sum(-1) / np.maximum(shown.sum(-1), 1)
 
 
-
-
 def frame_reward_fn(world: RobotWorldModel, episodes: list[Episode], horizon: int, object_weight: float = 0.0,
                     repetition_penalty: float = 0.0, codes_per_episode: list[np.ndarray] | None = None):
     """Reward -(L1 + LPIPS) of the decoded predicted frames against the real next frames, mean over the horizon,

@@ -49,9 +49,6 @@ log = logging.getLogger("rlvr_gym")
 RESUMABLE_CHANGES = {"resume", "sft", "grpo", "eval_accuracy_examples", "eval_batch_size"}
 
 
-# ---------------------------------------------------------------------------------------------------- tokens
-
-
 # ---------------------------------------------------------------------------------------------------- data
 
 
@@ -232,8 +229,3 @@ def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
     _, eval_fn = held_out_evaluation(config.eval_data, tokenizer, config, 0, config.grpo.max_new_tokens)
     grpo = set_by_command(config.grpo, "grpo", run_dir=str(root), model=config.model, resume=config.resume)
     return train_grpo(grpo, REWARDS[config.reward], examples, eval_fn)
-
-
-# ---------------------------------------------------------------------------------------------------- TextWorld
-
-
