@@ -263,7 +263,8 @@ def run_cotrain(config: CoTrainConfig) -> dict:
             rollout = config.n_steps * config.num_envs  # PPO learns in whole rollouts
             with tqdm(total=-(-config.sim_steps // rollout) * rollout, desc=f"round {state.round}: agent (learned sim)",
                       unit="step", leave=False) as bar:
-                agent.learn(config.sim_steps, reset_num_timesteps=False, callback=lambda *_: bar.update(env.num_envs) or True)
+                agent.learn(config.sim_steps, reset_num_timesteps=False,
+                            callback=lambda *_: bar.update(env.num_envs) or True)
             agent.save(round_dir / "agent.zip")
             shutil.copy2(round_dir / "agent.zip", agent_path)
             state.phase = "score"
@@ -279,12 +280,12 @@ def run_cotrain(config: CoTrainConfig) -> dict:
             for key in ("real_success", "learned_success"):
                 writer.add_scalar(f"cotrain/{key}", record[key], state.real_steps_total)
             writer.flush()
-            with (out / "rounds.jsonl").open("a") as f:
-                f.write(json.dumps(record) + "\n")
             log.info("round %d: %s", state.round, record)
             state.history.append(record)
             state.round, state.phase = state.round + 1, PHASES[0]
             save_state(state, out)
+            # Rewritten whole from the state, so a kill between the two writes leaves no round out or twice.
+            atomic_write_text(out / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in state.history))
     env.close()
     writer.close()
     return state.history[-1] if state.history else {}
