@@ -31,10 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
-
-
 TEXTWORLD_FILE = "transitions.jsonl.gz"
 
 

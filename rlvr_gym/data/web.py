@@ -43,20 +43,14 @@ from rlvr_gym.files import atomic_write_text
 log = logging.getLogger(__name__)
 
 FORMAT, FORMAT_VERSION = "rlvr-gym-web-transitions", 1
-
-
 HELDOUT_TASKS = ("enter-text", "click-collapsible-2")
 """Tasks left out of the default training set (why these two: module docstring)."""
-
-
 TRAIN_TASKS = tuple(t for t in TASKS if t not in HELDOUT_TASKS)
-
-
 SEEDS_PER_RUN = 1_000_000
 """Episode i of a task in a collection with seed s plays MiniWoB seed s * SEEDS_PER_RUN + i."""
-
-
 MANIFEST = "manifest.json"
+TRAINING_RECORD = "web_training.json"
+"""Written beside a trained model: the tasks and (task, seed) episodes it was trained on."""
 
 
 def read_manifest(data_dir: str | os.PathLike) -> dict:
@@ -216,10 +210,6 @@ def write_training_record(model_dir: Path, manifests: Sequence[tuple[str, dict]]
         "seeds": seeds,
     }
     atomic_write_text(model_dir / TRAINING_RECORD, json.dumps(record))
-
-
-TRAINING_RECORD = "web_training.json"
-"""Written beside a trained model: the tasks and (task, seed) episodes it was trained on."""
 
 
 def prompt_text(record: dict) -> str:

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from rlvr_gym.files import atomic_write_text
+from rlvr_gym.files import LOG_FILE, atomic_write_text
 from rlvr_gym.models.lm import CheckpointError, load_model
 
 log = logging.getLogger("rlvr_gym")
@@ -418,7 +418,7 @@ class MetricsLogger:
 
     def __init__(self, run_dir: Path, enabled: bool, resumed_step: int = 0):
         self.enabled = enabled
-        self.path = Path(run_dir) / "log.jsonl"
+        self.path = Path(run_dir) / LOG_FILE
         self.writer = None
         if not enabled:
             return
