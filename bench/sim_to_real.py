@@ -31,8 +31,8 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
-from agents.cotrain import CoTrainConfig, learned_success, run_cotrain
-from agents.robot import VecFrames, evaluate_in_real, make_sim_env
+from agents.cotrain import CoTrainConfig, learned_success, make_agent, run_cotrain
+from agents.robot import VecFrames, evaluate_in_real
 from envs.robot import RealRT1Env
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.models.robot_world_model import RobotWorldModel
@@ -82,10 +82,7 @@ def real_arm(config: CoTrainConfig, budget: int, points: int) -> list[dict]:
 
 def frozen_arm(config: CoTrainConfig) -> list[dict]:
     """PPO in the frozen starting simulator, scored after each round's worth of simulated steps."""
-    env = make_sim_env(config.checkpoint, config.num_envs, config.task, config.horizon, config.frame_size)
-    agent = PPO("MlpPolicy", env, n_steps=config.n_steps, n_epochs=4,
-                batch_size=min(128, config.n_steps * config.num_envs), learning_rate=config.learning_rate,
-                seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
+    agent, env = make_agent(config, config.checkpoint)
     points, real_steps = [], 0
     for _ in range(config.rounds):
         agent.learn(config.sim_steps, reset_num_timesteps=False)

@@ -179,18 +179,18 @@ class _Simulator:
         return reward, success, not success and (halted or rollout.steps >= horizon)
 
     def info(self, rollout: _Rollout) -> dict[str, Any]:
+        halted = self.halted(rollout)
         info = {
             "success_prob": rollout.success_prob,
             "success_threshold": rollout.threshold,
-            "is_success": rollout.success_prob > rollout.threshold,
+            "is_success": rollout.success_prob > rollout.threshold and not halted,
             "task": str(self.states.tasks[rollout.index]),
             "instruction": str(self.states.instructions[rollout.index]),
             "step": rollout.steps,
             "initial_state": rollout.index,
             "uncertainty": rollout.uncertainty,
-            "halted": self.halted(rollout),
+            "halted": halted,
         }
-        info["is_success"] = info["is_success"] and not info["halted"]
         if rollout.state is not None:
             info["read_state"] = dict(zip(READ_NAMES, rollout.state.tolist()))
         if rollout.error is not None:
