@@ -224,7 +224,7 @@ if __name__ == "__main__":
     parser.add_argument("--mle", default="rt1-mle")
     parser.add_argument("--rlvr", default="rt1-rlvr")
     # 60, not 12: a dozen episodes leave about ten false repetitions and a few moving objects, too few to compare
-    # models on those figures (session 10 saw 2.4x on 12 episodes where three larger sets gave 5-12x).
+    # models on those figures (12 episodes once gave 2.4x where three larger sets gave 5-12x).
     parser.add_argument("--episodes", type=int, default=60)
     parser.add_argument("--seed", type=int, default=9001)
     args = parser.parse_args()

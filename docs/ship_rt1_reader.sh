@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Session 23: the state reader both shipped RT-1 world models decide success with, and rt1-mle's refiner fine-tuned
-# on its own rollouts (session 22's mix b). Then both are recalibrated. On the 2-core CPU: the refiner 10 minutes
+# The state reader both shipped RT-1 world models decide success with, and rt1-mle's refiner fine-tuned on its own
+# 5-frame rollouts (a quarter of each batch). Then both are recalibrated. On the 2-core CPU: the refiner 10 minutes
 # rolling out and 8 training (one process), the reader 15 (two processes, one thread each), each calibration 6.
 # Needs the shipped models' data (`rlvr-gym collect rt1 --out runs/rt1/train2 --episodes 800 --seed 1 --workers 2`
 # and `... --out runs/rt1/heldout2 --episodes 60 --seed 2 --split heldout`). A killed run continues with the same
-# command plus --resume (extra arguments go to both training runs). The refiner run starts from rt1-mle as shipped
-# before this script ran (session 19's refiner, which also drew the rollouts): on a later checkout point BASE at it,
-#   git worktree add /tmp/s22 7d21c81 && BASE=/tmp/s22/rlvr_gym/checkpoints/rt1-mle bash docs/ship_rt1_reader.sh
+# command plus --resume (extra arguments go to both training runs). The refiner run starts from rt1-mle as it was
+# before this script ran (commit 7d21c81, whose refiner also drew the rollouts); point BASE at that checkpoint:
+#   git worktree add /tmp/base 7d21c81 && BASE=/tmp/base/rlvr_gym/checkpoints/rt1-mle bash docs/ship_rt1_reader.sh
 #
 #   bash docs/ship_rt1_reader.sh
 set -eu

@@ -4,9 +4,9 @@
 # checkpoint, whose transformer and tokenizer stay as they were. Both checkpoints feed the frames they show back into
 # their prompts (`context_from_frames`, set by `train refiner` in RUN_DIR/world_model and here in the shipped ones);
 # recalibrate their success thresholds afterwards (`rlvr-gym calibrate rt1`, on each card). On the 2-core CPU:
-#   rt1-rlvr (session 17): 6 minutes predicting, 18 training (two processes, one thread each, 16 transitions each);
-#   rt1-mle (session 18): 12 minutes predicting, 34 training (one process, 32 transitions; the other core was busy);
-#   then (session 19) each fine-tuned where objects come out from under the gripper: two stages of 7 minutes each.
+#   rt1-rlvr: 6 minutes predicting, 18 training (two processes, one thread each, 16 transitions each);
+#   rt1-mle: 12 minutes predicting, 34 training (one process, 32 transitions; the other core was busy);
+#   then each fine-tuned where objects come out from under the gripper: two stages of 7 minutes each.
 # Needs the shipped models' data (`rlvr-gym collect rt1 --out runs/rt1/train2 --episodes 800 --seed 1 --workers 2`
 # and `... --out runs/rt1/heldout2 --episodes 60 --seed 2 --split heldout`). A killed run continues with the same
 # command plus --resume (extra arguments go to every run).
@@ -22,7 +22,7 @@ $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m rlvr_gym train r
     --run-dir "$RUNS/refiner" --batch-size 16 "${COMMON[@]}" "$@"
 $PY -m torch.distributed.run --standalone --nproc-per-node 1 -m rlvr_gym train refiner --world-model rt1-mle \
     --run-dir "$RUNS/refiner_mle" --batch-size 32 "${COMMON[@]}" "$@"
-# Session 19: each refiner fine-tuned where an object comes out from under the gripper (the objects both models lost),
+# Each refiner fine-tuned where an object comes out from under the gripper (the objects both models lost),
 # always on its transformer's predicted codes; two stages of 800 steps, a quarter of each batch there, then half. One
 # process each, 16 transitions a step, 7 minutes a stage; they reuse the predictions above.
 REVEAL=(--data runs/rt1/train2 --heldout runs/rt1/heldout2 --prediction-episodes 0 --width 24 --bottleneck-blocks 1

@@ -268,8 +268,8 @@ def moved_objects(target: np.ndarray, prev: np.ndarray, min_motion: float = 1.0,
 
 def revealed_objects(target: np.ndarray, prev: np.ndarray) -> np.ndarray:
     """(N, 3 objects) True where an object moved and shows whole in the target but not in the previous frame: it came
-    out from under the gripper. Every object the session-18 world models lost on 200 fresh episodes was one of these
-    (docs/research/rt1_experiments.md, session 19): the transformer's codes seldom redraw them."""
+    out from under the gripper. The transformer's codes seldom redraw such an object: on 200 fresh episodes every
+    object a world model without a motion refiner lost was one of these."""
     hidden = object_pixels(prev) < WHOLE_OBJECT_PIXELS
     return moved_objects(target, prev, min_target_pixels=WHOLE_OBJECT_PIXELS) & hidden
 

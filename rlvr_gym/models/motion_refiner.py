@@ -2,7 +2,7 @@
 
 The frame decoder redraws every frame from 8x8 codes, and each code covers 8x8 pixels: it cannot place a pushed
 object to the pixel (decoding the *real* next frame's codes puts moved objects 2.7 px off, where copying the last
-frame is 2.0 px off; docs/research/rt1_experiments.md). The refiner keeps what the codes do well (the gripper, the drawer)
+frame is 2.0 px off). The refiner keeps what the codes do well (the gripper, the drawer)
 and takes the rest from the last frame, warped:
 
     next = m * warp(last, flow) + (1 - m) * decoded

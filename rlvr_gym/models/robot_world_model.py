@@ -50,7 +50,7 @@ class WorldModelSettings:
     """How a predicted frame enters the next prompt. False: as the codes the transformer generated. True: as the
     tokenizer's codes of the frame shown (decoded and motion-refined), so the rollout's state is what the agent
     sees. With a refiner this keeps objects the codes would drop: a refined frame that still shows an object encodes
-    to codes that show it (docs/research/rt1_experiments.md, session 18). `train refiner` sets it."""
+    to codes that show it. `train refiner` sets it."""
 
     def success_threshold(self, task: str) -> float:
         return self.success_thresholds.get(task, DEFAULT_SUCCESS_THRESHOLD)

@@ -3,7 +3,7 @@
 The learned simulator decides success from what it shows. The transformer's success flag is one token after 64
 frame codes, learned from one positive frame per successful episode (the real env terminates there), and it moves
 with whatever changes the prompt: a refiner that kept objects better made it fire on fewer of the good policies'
-episodes (docs/research/rt1_experiments.md, session 22). The reader learns from every frame, each with the true state it
+episodes. The reader learns from every frame, each with the true state it
 shows, and success is then the task's own test (`envs.robot.tasks.success_margin`) on the state it reads off the
 predicted frame; the target marker is read off the episode's first frame, where nothing covers it.
 """

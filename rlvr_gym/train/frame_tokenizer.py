@@ -58,7 +58,7 @@ class TokenizerConfig(RUN.RunConfig):
     """The context frames in training: empty, the ones it decodes against (`context_frame`); "any", a random frame of
     the same episode each time. Trained against the first frame only, the decoder leans on where the objects stood
     in it and draws moved ones back towards there; against any frame it must read their place from the codes.
-    Measured (docs/research/rt1_experiments.md, session 15): lower LPIPS, but more lost objects; not shipped."""
+    Measured: lower LPIPS, but more lost objects; not shipped."""
 
 
 def frame_pairs(episodes: list[Episode], context_frame: str = "first") -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -68,7 +68,7 @@ class RefinerConfig(RUN.RunConfig):
     learns to trust codes that are right as well as to correct the transformer's."""
     moved_fraction: float = 0.5
     """Fraction of each batch drawn from transitions where a whole object moves (about 10% of them as collected).
-    Measured (docs/research/rt1_experiments.md, session 17): it took the moved objects from 2.8 px to 1.5 at step 1."""
+    Measured: it took the moved objects from 2.8 px to 1.5 at step 1."""
     revealed_fraction: float = 0.0
     """Fraction of each batch drawn from transitions where an object comes out from under the gripper (a third of
     the moved ones), always decoded from the transformer's predicted codes: where those do not redraw the object, the
@@ -86,8 +86,8 @@ class RefinerConfig(RUN.RunConfig):
     eval_transitions: int = 512
     """Held-out transitions scored at each evaluation."""
     context_from_frames: bool = True
-    """Whether RUN_DIR/world_model feeds the frames it shows back into its prompts (WorldModelSettings). Measured
-    (docs/research/rt1_experiments.md, session 18): with the refiner it keeps objects the codes alone drop in rollouts."""
+    """Whether RUN_DIR/world_model feeds the frames it shows back into its prompts (WorldModelSettings). Measured:
+    with the refiner it keeps objects the codes alone drop in rollouts."""
     rollout_depth: int = 1
     """With d > 1, the refiner also learns on the frames it is given in multi-step rollouts: `rollout_starts` greedy
     d-frame rollouts of the world model (with its own refiner, the window sliding as in the env) are run once and

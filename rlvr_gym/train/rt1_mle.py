@@ -45,12 +45,12 @@ class RT1MLEConfig:
     """Past steps the world model sees when it predicts (rollouts slide this window)."""
     changed_weight: float = 1.0
     """Loss weight of the frame codes that differ from the frame before (about a quarter of them: the gripper and
-    what it moves), which the static rest could drown. The held-out loss stays unweighted. Measured from rt1-mle
-    (docs/research/rt1_experiments.md, session 11): 4 did not place moved objects better than plain MLE."""
+    what it moves), which the static rest could drown. The held-out loss stays unweighted. Measured from rt1-mle:
+    4 did not place moved objects better than plain MLE."""
     moved_windows: float = 0.0
     """Fraction of the training windows in which a whole object moves, repeating those windows to make it (19% of
-    the collected ones at window 4; 0: as collected). The object error counts only such frames. Measured from rt1-mle
-    (docs/research/rt1_experiments.md, session 15): 0.75 cut false repetition 2.4x but lost more objects and raised LPIPS."""
+    the collected ones at window 4; 0: as collected). The object error counts only such frames. Measured from rt1-mle:
+    0.75 cut false repetition 2.4x but lost more objects and raised LPIPS."""
     size: LlamaSize = field(default_factory=lambda: LlamaSize(hidden_size=256, layers=4, heads=4, intermediate_size=512, max_positions=1024))
     """Transformer shape (trained from scratch)."""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=3000, lr=1e-3, batch_size=16, micro_batch=16, save_every=200, warmup_steps=100))

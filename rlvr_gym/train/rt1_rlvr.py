@@ -66,7 +66,7 @@ class RT1RLVRConfig:
     revealed_prompts: float = 0.0
     """With --rollout-depth > 1: fraction of the prompts whose real next frame shows an object coming out from under
     the gripper (`R.revealed_objects`; a third of the moved ones), drawn before --moved-prompts' share. Every object
-    the shipped models still lose is one of these (docs/research/rt1_experiments.md, session 19). Measured (session 20): 0.25
+    the shipped models still lose is one of these. Measured: 0.25
     of them, with 0.25 moved, did not place moved objects better at step 5 than rt1-mle."""
     surprise_prompts: float = 0.0
     """With --rollout-depth 1: fraction of the prompts where the starting model was most wrong about the real next
