@@ -33,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from gymnasium.vector import AutoresetMode  # noqa: E402
 from stable_baselines3 import PPO  # noqa: E402
 from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
@@ -42,7 +43,7 @@ from agents.robot import DEFAULT_FRAME_SIZE, evaluate_in_real, make_sim_env  # n
 from envs.robot import TASKS, RealRT1Env  # noqa: E402
 from rlvr_gym.data.episodes import SEEDS_PER_RUN, Episode, collect_episode, load_episodes, write_shards  # noqa: E402
 from rlvr_gym.data.robot import episode_codes, mle_examples, save_initial_states  # noqa: E402
-from rlvr_gym.evaluation.policies import policy_frames  # noqa: E402
+from rlvr_gym.evaluation.policies import Job, learned_rollouts, policy_frames, sb3_actor  # noqa: E402
 from rlvr_gym.files import atomic_write_text  # noqa: E402
 from rlvr_gym.logs import configure_logging  # noqa: E402
 from rlvr_gym.models.lm import load_model  # noqa: E402
@@ -192,22 +193,14 @@ def refit(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
 
 
 def learned_success(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
-    """The agent's success rate inside the learned simulator, over `episodes` of its initial states."""
-    venv = RT1WorldVectorEnv(num_envs=episodes, checkpoint=world, horizon=config.horizon, task=config.task,
-                             autoreset_mode="Disabled")
-    obs, _ = venv.reset(seed=config.seed)
-    done, succeeded = np.zeros(episodes, bool), np.zeros(episodes, bool)
-    for _ in range(config.horizon):
-        actions, _ = agent.predict(policy_frames(obs, config.frame_size), deterministic=True)
-        obs, _, terminated, truncated, _ = venv.step(np.asarray(actions, np.float32).reshape(episodes, -1))
-        succeeded |= terminated & ~done
-        done |= terminated | truncated
-        if done.all():
-            break
-        if (terminated | truncated).any():
-            venv.reset(options={"reset_mask": terminated | truncated})
+    """The agent's success rate inside the learned simulator, over `episodes` of its initial states in turn."""
+    venv = RT1WorldVectorEnv(num_envs=min(episodes, config.num_envs), checkpoint=world, horizon=config.horizon,
+                             task=config.task, autoreset_mode=AutoresetMode.DISABLED)
+    actor = sb3_actor(agent)
+    jobs = [Job(i % len(venv.sim.states), actor=actor) for i in range(episodes)]
+    results = learned_rollouts(venv, jobs, config.seed)
     venv.close()
-    return float(succeeded.mean())
+    return float(np.mean([success for success, _, _ in results]))
 
 
 # ---------------------------------------------------------------------------------------------------- the loop
