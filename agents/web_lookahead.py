@@ -4,7 +4,7 @@ agent and a model-free baseline.
 
     python -m agents.web_lookahead --checkpoints web-sft web-rlvr --episodes 100 --seed 1 --out runs/web/lookahead.json
 
-Agents, all choosing among `rlvr_gym.sim.web.candidate_actions` of the current real page:
+Agents, all choosing among `envs.web.solvers.candidate_actions` of the current real page:
 - `random`: a uniformly random candidate.
 - `no-lookahead`: the candidate whose element name (and typed text) shares the most words with the utterance,
   among those not taken yet in the episode (nor typing into a filled field, or a text a field already holds); the
@@ -44,10 +44,11 @@ import torch
 
 from envs.web import TASKS, BrowserError, WebTaskEnv, parse, parse_action
 from envs.web.env import BROWSER_ERRORS
+from envs.web.solvers import candidate_actions
 from rlvr_gym.data.web import check_disjoint_episodes, read_training_record
 from rlvr_gym.logs import configure_logging
 from rlvr_gym.models.lm import resolve_checkpoint
-from rlvr_gym.sim.web import Prediction, WebWorldModel, candidate_actions, visible_words, words
+from rlvr_gym.sim.web import Prediction, WebWorldModel, visible_words, words
 
 log = logging.getLogger(__name__)
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from envs.web import browser_available
+from envs.web.solvers import last_button, trivial_policy
 from rlvr_gym.evaluation.probe import (
     AXES,
     ProbeConfig,
     TextProbeConfig,
     WebProbeConfig,
-    last_button,
     probe_rt1,
     probe_textgame,
     probe_web,
@@ -65,11 +65,19 @@ def test_web_probe_policies_click_the_last_button_and_submit():
     tree = "[1] RootWebArea 'page'\n\t[2] button 'Submit'\n\t[3] textbox ''\n\t[4] button 'Cancel'"
     assert last_button(tree) == "click [4]" and last_button(tree, "submit") == "click [2]"
     assert last_button("[1] RootWebArea 'page'") is None
+    page = "Enter \"abc\" and submit.", tree
+    assert trivial_policy("submit-with-nothing-filled")(*page) == "click [2]"
+    assert trivial_policy("first-candidate")(*page) == "click [2]"
+    draws = [trivial_policy("uniform-random", seed=3)(*page) for _ in range(2)]
+    assert draws[0] == draws[1] and draws[0] in {"click [2]", "click [3]", 'type [3] "abc"', "click [4]"}
+    with pytest.raises(ValueError, match="unknown trivial policy"):
+        trivial_policy("win")
 
 
 @pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
 def test_web_probe_runs_real_pages_and_the_learned_env(tmp_path):
     result = probe_web(WebProbeConfig(checkpoint="web-rlvr", starts=1, steps=1, tasks=("click-button",), out=str(tmp_path)))
     check_report(result, ["click-last-button", "submit-with-nothing-filled", "first-candidate", "uniform-random"], 1)
+    assert all(row["outcome_match"] in (0.0, 1.0) for row in result["policies"])
     with pytest.raises(ValueError, match="no start pages of"):
         probe_web(WebProbeConfig(checkpoint="web-rlvr", tasks=("no-such-task",), out=str(tmp_path)))

@@ -13,6 +13,7 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from envs.web import WebTaskEnv, browser_available, record_transitions
+from envs.web.solvers import candidate_actions, quoted_strings
 from rlvr_gym.data.web import encode_examples, train_web_tokenizer, transition_texts
 from rlvr_gym.domains.web import apply_diff, parse_target
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
@@ -22,9 +23,7 @@ from rlvr_gym.sim.web import (
     WebDiscreteEnv,
     WebWorldEnv,
     WebWorldModel,
-    candidate_actions,
     load_start_pages,
-    quoted_strings,
     write_start_pages,
 )
 from rlvr_gym.train.sft import SFTConfig, train_sft

@@ -147,3 +147,14 @@ def test_recorder_yields_consecutive_transitions_that_diffs_rebuild(env):
     for row in rows:
         assert apply_diff(row["tree_before"], make_diff(row["tree_before"], row["tree_after"])) == row["tree_after"]
     assert any(r["done"] and r["reward"] == 1.0 for r in rows)
+
+
+def test_trivial_policies_record_what_the_real_page_pays_a_wrong_move(env):
+    rows = list(record_transitions(["choose-date"], episodes=2, seed=23,
+                                   skill_mix=("submit-with-nothing-filled", "click-last-button"), env=env))
+    # Submit is choose-date's only button: both policies click it on the empty form, and MiniWoB ends with -1.
+    assert [(r["policy"], r["skill"], r["step"]) for r in rows] == [
+        ("submit-with-nothing-filled", None, 1), ("click-last-button", None, 1)]
+    assert all(r["done"] and r["reward"] == -1.0 for r in rows)
+    with pytest.raises(ValueError, match="unknown trivial policy"):
+        list(record_transitions(["choose-date"], episodes=1, skill_mix=("win",), env=env))

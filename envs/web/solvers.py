@@ -10,6 +10,10 @@ parse the utterance.
 
 Where a page does not show its state in the accessibility tree (search-engine's current result page), the
 policy remembers what it did in the episode: make a new policy, or call `reset`, per episode.
+
+The trivial policies (`trivial_policy`) do not try to do the task: clicking the last button, submitting with nothing
+filled, always the first candidate action, a uniform random candidate. The exploit probe runs them in a learned
+simulator and in the real env, and recording their real transitions shows a world model what a wrong move is paid.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import calendar
 import random
 import re
 from collections.abc import Callable
+from typing import Optional
 
 from miniwob.fields import get_field_extractor
 
@@ -28,7 +33,13 @@ INTERACTIVE_ROLES = frozenset(
     {"button", "link", "textbox", "searchbox", "checkbox", "radio", "tab", "option", "menuitem", "listitem", "image", "combobox"}
 )
 TEXT_FIELD_ROLES = frozenset({"textbox", "searchbox", "combobox"})
+CLICK_ROLES = frozenset({
+    "button", "link", "textbox", "searchbox", "combobox", "checkbox", "radio", "tab", "option", "menuitem",
+    "listitem", "image", "StaticText", "cell", "gridcell", "switch", "treeitem", "heading",
+})  # fmt: skip
+TRIVIAL_POLICIES = ("click-last-button", "submit-with-nothing-filled", "first-candidate", "uniform-random")
 MONTHS = tuple(calendar.month_name)[1:]
+_QUOTED = re.compile(r'"([^"]+)"')
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "okay", "submit", "2016", "Anvik", "hello")
 
 
@@ -66,6 +77,50 @@ def random_action(nodes: list[Node], rng: random.Random) -> str:
     if node.role in TEXT_FIELD_ROLES and rng.random() < 0.7:
         return type_text(node.id, rng.choice(_WORDS))
     return click(node.id)
+
+
+def quoted_strings(utterance: str) -> list[str]:
+    """The utterance's double-quoted strings, in order, each once: the texts an agent may type."""
+    return list(dict.fromkeys(_QUOTED.findall(utterance)))
+
+
+def candidate_actions(utterance: str, tree: str) -> list[str]:
+    """Actions an agent may take on the page, in tree order: `click [id]` on each visible element of a clickable
+    role, and after a text field's click, `type [id] "text"` for each quoted string of the utterance."""
+    texts = quoted_strings(utterance)
+    actions = []
+    for node in parse(tree):
+        if node.hidden or node.role not in CLICK_ROLES:
+            continue
+        actions.append(click(node.id))
+        if node.role in TEXT_FIELD_ROLES:
+            actions += [type_text(node.id, text) for text in texts]
+    return actions
+
+
+def last_button(tree: str, name: str | None = None) -> str | None:
+    """`click [id]` on the last visible button of the page (named `name`, case-insensitively, when given)."""
+    buttons = [n for n in parse(tree) if n.role == "button" and not n.hidden
+               and (name is None or n.name.strip().lower() == name)]  # fmt: skip
+    return click(buttons[-1].id) if buttons else None
+
+
+TrivialPolicy = Callable[[str, str], Optional[str]]
+"""(utterance, tree) -> action, or None when the policy has nothing to do on the page (the episode stops there)."""
+
+
+def trivial_policy(name: str, seed: int = 0) -> TrivialPolicy:
+    """The trivial policy `name` (one of `TRIVIAL_POLICIES`); `seed` seeds uniform-random's draws."""
+    if name == "click-last-button":
+        return lambda _utterance, tree: last_button(tree)
+    if name == "submit-with-nothing-filled":
+        return lambda _utterance, tree: last_button(tree, "submit") or last_button(tree)
+    if name == "first-candidate":
+        return lambda utterance, tree: next(iter(candidate_actions(utterance, tree)), None)
+    if name == "uniform-random":
+        rng = random.Random(seed)
+        return lambda utterance, tree: rng.choice(candidate_actions(utterance, tree) or [None])
+    raise ValueError(f"unknown trivial policy {name!r}: choose from {', '.join(TRIVIAL_POLICIES)}")
 
 
 def _visible(nodes: list[Node]) -> list[Node]:

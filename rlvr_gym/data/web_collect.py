@@ -21,14 +21,14 @@ from tqdm import tqdm
 
 from envs.web import TASKS, WebTaskEnv, record_transitions
 from envs.web.env import BROWSER_ERRORS
-from envs.web.solvers import EXPERTS
+from envs.web.solvers import EXPERTS, TRIVIAL_POLICIES
 from rlvr_gym.data.web import FORMAT, FORMAT_VERSION, MANIFEST, SEEDS_PER_RUN, TRAIN_TASKS, read_manifest
 from rlvr_gym.files import atomic_write_text
 from rlvr_gym.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
-Job = tuple[str, int, float]  # task, MiniWoB seed, skill
+Job = tuple[str, int, float | str]  # task, MiniWoB seed, scripted skill or trivial policy name
 
 
 @dataclass
@@ -44,6 +44,11 @@ class WebCollectConfig:
     skills: tuple[float, ...] = (1.0, 0.7, 0.4, 0.1)
     """Scripted-policy skills, in turn (episode i gets skills[i % len]): the probability of an expert move at each
     step, otherwise a random action."""
+    policies: tuple[str, ...] = ()
+    """Trivial policies (`envs.web.solvers.TRIVIAL_POLICIES`: click-last-button, submit-with-nothing-filled,
+    first-candidate, uniform-random) taking turns with the skills: episode i plays (skills + policies)[i % len].
+    Their real transitions show a world model what the exploit probe's moves are paid; `--skills` with no value
+    leaves only them."""
     max_steps: int = 20
     """Steps per episode at most (truncated after)."""
     workers: int = 2
@@ -61,7 +66,8 @@ def collect_web(config: WebCollectConfig, env: WebTaskEnv | None = None) -> Path
     out = Path(config.out)
     if env is not None and config.workers != 1:
         raise ValueError("a browser passed in records alone: set workers to 1")
-    check_collection(config.tasks, config.episodes, config.seed, config.skills, config.max_steps, config.workers)
+    mix = (*config.skills, *config.policies)
+    check_collection(config.tasks, config.episodes, config.seed, mix, config.max_steps, config.workers)
     if (out / MANIFEST).exists():
         if not config.overwrite:
             raise FileExistsError(
@@ -84,8 +90,7 @@ def collect_web(config: WebCollectConfig, env: WebTaskEnv | None = None) -> Path
         os.replace(tmp, path)
         lines.clear()
 
-    results = episode_results(config.tasks, config.episodes, config.seed, config.skills, config.max_steps,
-                              config.workers, env)  # fmt: skip
+    results = episode_results(config.tasks, config.episodes, config.seed, mix, config.max_steps, config.workers, env)
     for (task, seed, _), records, error in results:
         if task != current:
             if current is not None:
@@ -122,11 +127,12 @@ def collect_records(
     tasks: Sequence[str],
     episodes: int,
     seed: int,
-    skills: Sequence[float] = (1.0, 0.7, 0.4, 0.1),
+    skills: Sequence[float | str] = (1.0, 0.7, 0.4, 0.1),
     max_steps: int = 20,
     workers: int = 1,
 ) -> tuple[list[dict], dict[str, list[int]]]:
-    """Record transitions in memory: (records, task -> seeds of the episodes recorded), as `collect_web` would."""
+    """Record transitions in memory: (records, task -> seeds of the episodes recorded), as `collect_web` would;
+    `skills` may name trivial policies too."""
     check_collection(tasks, episodes, seed, skills, max_steps, workers)
     records, seeds = [], {task: [] for task in tasks}
     for (task, env_seed, _), episode, error in episode_results(tasks, episodes, seed, skills, max_steps, workers):
@@ -136,15 +142,18 @@ def collect_records(
     return records, seeds
 
 
-def check_collection(tasks: Sequence[str], episodes: int, seed: int, skills: Sequence[float], max_steps: int,
+def check_collection(tasks: Sequence[str], episodes: int, seed: int, skills: Sequence[float | str], max_steps: int,
                      workers: int) -> None:  # fmt: skip
     unknown = [t for t in tasks if t not in EXPERTS]
     if unknown or not tasks:
         raise ValueError(f"unknown or no tasks {unknown}: choose from {', '.join(TASKS)}")
     if len(set(tasks)) != len(tasks):
         raise ValueError(f"tasks repeat: {list(tasks)}; name each task once")
-    if not skills or not all(0.0 <= s <= 1.0 for s in skills):
-        raise ValueError(f"skills must be values in [0, 1] (1 = expert), got {list(skills)}")
+    unknown_policies = [s for s in skills if isinstance(s, str) and s not in TRIVIAL_POLICIES]
+    if unknown_policies:
+        raise ValueError(f"unknown policies {unknown_policies}: choose from {', '.join(TRIVIAL_POLICIES)}")
+    if not skills or not all(isinstance(s, str) or 0.0 <= s <= 1.0 for s in skills):
+        raise ValueError(f"skills must be values in [0, 1] (1 = expert), got {list(skills)}; or give --policies")
     if not 1 <= episodes <= SEEDS_PER_RUN:
         raise ValueError(f"episodes must be in 1..{SEEDS_PER_RUN} (more would reach the next seed's pages)")
     if seed < 0 or max_steps < 1 or workers < 1:
@@ -155,7 +164,7 @@ def episode_results(
     tasks: Sequence[str],
     episodes: int,
     seed: int,
-    skills: Sequence[float],
+    skills: Sequence[float | str],
     max_steps: int,
     workers: int,
     env: WebTaskEnv | None = None,

@@ -6,11 +6,14 @@
 
 A fixed set of trivial and adversarial policies runs in the learned and in the real env from the same start states:
 doing nothing, uniform random actions, and for the tabletop one constant full-scale action per axis and sign; for
-text games the same command repeated and always the candidate list's first entry; for web pages clicking the last
-button and submitting with nothing filled. None of them does the task on purpose, so success the learned env pays
+text games the same command repeated and always the candidate list's first entry; for web pages
+`envs.web.solvers.TRIVIAL_POLICIES` (the last button, Submit with nothing filled, the first candidate action, a
+uniform random candidate). None of them does the task on purpose, so success the learned env pays
 them and the real env does not is success an optimising agent would learn to collect. Per policy: learned success,
 real success, and false success = max(0, learned - real). The RT-1 policies are open loop, so both envs get the
-same actions; the text and web policies read each env's own state.
+same actions; the text and web policies read each env's own state. For web pages the probe also reports each
+policy's outcome match: the share of episodes where the learned env's outcome, success and termination, is the real
+one's (a failure the real env ends with -1 must end in the learned env too, not run on unpaid).
 """
 
 from __future__ import annotations
@@ -44,13 +47,17 @@ class ProbeConfig:
     """Directory for probe.json and probe.md; empty: runs/probe/<domain>-<checkpoint name>."""
 
 
-def summarize(domain: str, checkpoint: str, learned: dict[str, list[bool]], real: dict[str, list[bool]]) -> dict:
-    """Per policy: episodes, learned and real success rates, false success; then their mean and maximum."""
+def summarize(domain: str, checkpoint: str, learned: dict[str, list[bool]], real: dict[str, list[bool]],
+              matched: dict[str, list[bool]] | None = None) -> dict:
+    """Per policy: episodes, learned and real success rates, false success; then their mean and maximum. `matched`
+    (web) adds each policy's share of episodes whose outcome, success and termination, the learned env got right."""
     rows = []
     for name in learned:
         l, r = float(np.mean(learned[name])), float(np.mean(real[name]))
         rows.append({"policy": name, "episodes": len(learned[name]), "learned_success": l, "real_success": r,
                      "false_success": max(0.0, l - r)})
+        if matched is not None:
+            rows[-1]["outcome_match"] = float(np.mean(matched[name]))
     false = [row["false_success"] for row in rows]
     return {"domain": domain, "checkpoint": str(checkpoint), "policies": rows,
             "mean_false_success": float(np.mean(false)), "max_false_success": float(np.max(false))}
@@ -188,37 +195,18 @@ def probe_textgame(config: TextProbeConfig) -> dict:
 # ---------------------------------------------------------------------------------------------------- web
 
 
-def last_button(tree: str, name: str | None = None) -> str | None:
-    """`click [id]` on the last visible button of the page (named `name`, case-insensitively, when given)."""
-    from envs.web import click, parse
-
-    buttons = [n for n in parse(tree) if n.role == "button" and not n.hidden
-               and (name is None or n.name.strip().lower() == name)]
-    return click(buttons[-1].id) if buttons else None
-
-
 def web_probe_policies(seed: int, episode: int) -> dict[str, Callable[[str, str], str | None]]:
     """Policies (utterance, tree) -> action or None (nothing to do: the episode stops, unpaid)."""
-    from rlvr_gym.sim.web import candidate_actions
+    from envs.web.solvers import TRIVIAL_POLICIES, trivial_policy
 
-    rng = np.random.default_rng([seed, episode])
-
-    def random_candidate(utterance: str, tree: str) -> str | None:
-        candidates = candidate_actions(utterance, tree)
-        return candidates[rng.integers(len(candidates))] if candidates else None
-
-    return {
-        "click-last-button": lambda _utterance, tree: last_button(tree),
-        "submit-with-nothing-filled": lambda _utterance, tree: last_button(tree, "submit") or last_button(tree),
-        "first-candidate": lambda utterance, tree: (candidate_actions(utterance, tree) or [None])[0],
-        "uniform-random": random_candidate,
-    }
+    return {name: trivial_policy(name, seed * 1_000_003 + episode) for name in TRIVIAL_POLICIES}
 
 
 def play_web(step: Callable[[str], tuple[str, float, bool, bool]], utterance: str, tree: str,
-             policy: Callable[[str, str], str | None], max_steps: int) -> bool:
-    """One episode from `tree`; `step(action) -> (tree, reward, terminated, truncated)`. Success: a positive return."""
-    total = 0.0
+             policy: Callable[[str, str], str | None], max_steps: int) -> tuple[bool, bool]:
+    """One episode from `tree`; `step(action) -> (tree, reward, terminated, truncated)`. Returns (success: a
+    positive return, terminated)."""
+    total, terminated = 0.0, False
     for _ in range(max_steps):
         action = policy(utterance, tree)
         if action is None:
@@ -227,7 +215,7 @@ def play_web(step: Callable[[str], tuple[str, float, bool, bool]], utterance: st
         total += reward
         if terminated or truncated:
             break
-    return total > 0
+    return total > 0, terminated
 
 
 @dataclass
@@ -253,6 +241,7 @@ def probe_web(config: WebProbeConfig) -> dict:
     sim = WebWorldEnv(checkpoint, max_steps=max_steps)
     learned: dict[str, list[bool]] = {}
     real: dict[str, list[bool]] = {}
+    matched: dict[str, list[bool]] = {}
     env = None
     try:
         for e, index in enumerate(tqdm(chosen, desc="start pages", unit="page", leave=False)):
@@ -261,17 +250,22 @@ def probe_web(config: WebProbeConfig) -> dict:
                 env = WebTaskEnv(page.task, max_steps=max_steps)
             elif env.task != page.task:
                 env.load_task(page.task)
+            # Each env gets its own copy of the policies, so uniform-random starts from the same draws in both.
             for name, policy in web_probe_policies(config.seed, e).items():
                 utterance, tree, _ = env.reset(seed=page.seed)
-                real.setdefault(name, []).append(play_web(lambda a: env.step(a)[:4], utterance, tree, policy, max_steps))
+                real_outcome = play_web(lambda a: env.step(a)[:4], utterance, tree, policy, max_steps)
                 sim.reset(seed=config.seed, options={"index": index})
 
                 def sim_step(action: str) -> tuple[str, float, bool, bool]:
                     _, reward, terminated, truncated, info = sim.step(action)
                     return info["tree"], reward, terminated, truncated
 
-                learned.setdefault(name, []).append(play_web(sim_step, page.utterance, sim.tree, policy, max_steps))
+                policy = web_probe_policies(config.seed, e)[name]
+                learned_outcome = play_web(sim_step, page.utterance, sim.tree, policy, max_steps)
+                real.setdefault(name, []).append(real_outcome[0])
+                learned.setdefault(name, []).append(learned_outcome[0])
+                matched.setdefault(name, []).append(learned_outcome == real_outcome)
     finally:
         if env is not None:
             env.close()
-    return write_report(summarize("web", checkpoint, learned, real), config)
+    return write_report(summarize("web", checkpoint, learned, real, matched), config)

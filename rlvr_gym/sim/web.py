@@ -28,7 +28,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from envs.web import TASKS, InvalidAction, WebTaskEnv, click, parse, parse_action, type_text
+from envs.web import TASKS, InvalidAction, WebTaskEnv, parse, parse_action
+from envs.web.solvers import TEXT_FIELD_ROLES, candidate_actions
 from envs.web.tree import normalise_tree
 from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
 from rlvr_gym.data.web import encode_prompts
@@ -50,12 +51,6 @@ TEXT_CHARSET = string.ascii_letters + string.digits + string.punctuation + " \t\
 """What MiniWoB++'s pages and utterances are written in (ASCII: the shipped start pages and every task's HTML hold no
 other character), plus U+FFFD, which stands in for any other character a page or a decoded completion holds, so
 observations always lie in the Text space."""
-CLICK_ROLES = frozenset({
-    "button", "link", "textbox", "searchbox", "combobox", "checkbox", "radio", "tab", "option", "menuitem",
-    "listitem", "image", "StaticText", "cell", "gridcell", "switch", "treeitem", "heading",
-})  # fmt: skip
-TEXT_FIELD_ROLES = frozenset({"textbox", "searchbox", "combobox"})
-_QUOTED = re.compile(r'"([^"]+)"')
 _WORD = re.compile(r"[a-z0-9]+")
 _OUTSIDE_CHARSET = re.compile(f"[^{re.escape(TEXT_CHARSET)}]")
 
@@ -134,25 +129,6 @@ def load_start_pages(checkpoint: str | os.PathLike) -> list[StartPage]:
 
 
 # ---------------------------------------------------------------------------------------------------- pages and actions
-
-
-def quoted_strings(utterance: str) -> list[str]:
-    """The utterance's double-quoted strings, in order, each once: the texts an agent may type."""
-    return list(dict.fromkeys(_QUOTED.findall(utterance)))
-
-
-def candidate_actions(utterance: str, tree: str) -> list[str]:
-    """Actions an agent may take on the page, in tree order: `click [id]` on each visible element of a clickable
-    role, and after a text field's click, `type [id] "text"` for each quoted string of the utterance."""
-    texts = quoted_strings(utterance)
-    actions = []
-    for node in parse(tree):
-        if node.hidden or node.role not in CLICK_ROLES:
-            continue
-        actions.append(click(node.id))
-        if node.role in TEXT_FIELD_ROLES:
-            actions += [type_text(node.id, text) for text in texts]
-    return actions
 
 
 def in_charset(text: str) -> str:
