@@ -20,10 +20,12 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.sim.web import (
     CANDIDATE_FEATURES,
     START_PAGES,
+    Prediction,
     WebDiscreteEnv,
     WebWorldEnv,
     WebWorldModel,
     load_start_pages,
+    step_outcome,
     write_start_pages,
 )
 from rlvr_gym.train.sft import SFTConfig, train_sft
@@ -170,11 +172,23 @@ def test_predicted_diff_reward_and_done_drive_the_episode(trained):
             if info["error"] is None:
                 target, _ = parse_target(info["prediction"])
                 assert info["tree"] == apply_diff(before, target) and obs.endswith(info["tree"])
-                assert reward == np.clip(target["reward"], -1, 1) and terminated == target["done"]
+                assert terminated == target["done"]
+                assert reward == (np.clip(target["reward"], -1, 1) if terminated else 0.0)
             done = terminated or truncated
         rollouts.append(steps)
     assert rollouts[0] == rollouts[1]
     assert rollouts[0][0][-1] is None  # the tiny model learned click-test-2's outcomes: its prediction parses
+
+
+def test_a_reward_is_paid_only_when_the_episode_ends():
+    def outcome(reward, done, error=None, steps=1):
+        return step_outcome(Prediction("click [2]", "", reward, done, 0, "", error), steps, max_steps=3)
+
+    assert outcome(1.0, True) == (1.0, True, False)
+    assert outcome(1.0, False) == (0.0, False, False)  # the model's reward without Done: yes pays nothing
+    assert outcome(-7.0, True) == (-1.0, True, False)
+    assert outcome(0.0, False, steps=3) == (0.0, False, True)
+    assert outcome(1.0, True, error="does not parse") == (0.0, False, True)
 
 
 def test_batched_predictions_equal_one_by_one(trained):

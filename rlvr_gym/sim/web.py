@@ -245,6 +245,18 @@ class WebWorldModel:
         return Prediction(action, next_tree, target["reward"], target["done"], changed, text)
 
 
+def step_outcome(prediction: Prediction, steps: int, max_steps: int) -> tuple[float, bool, bool]:
+    """(reward, terminated, truncated) of an env step the model predicted, `steps` steps into the episode.
+
+    MiniWoB++ pays only when the episode ends, so a reward predicted without `Done: yes` is not paid: a page whose
+    task is not over never pays out. A prediction that failed truncates the episode unpaid."""
+    if prediction.error is not None:
+        return 0.0, False, True
+    terminated = prediction.done
+    reward = float(np.clip(prediction.reward, -1.0, 1.0)) if terminated else 0.0
+    return reward, terminated, not terminated and steps >= max_steps
+
+
 # ---------------------------------------------------------------------------------------------------- the env
 
 
@@ -271,7 +283,8 @@ class WebWorldEnv(gym.Env):
 
     ## Rewards
     The predicted MiniWoB raw reward, clipped to [-1, 1] (the real env's range: 1 success, -1 failure, 0 before
-    the end).
+    the end), paid only on the step the model predicts `Done: yes`: as in the real env, an episode that goes on
+    pays nothing.
 
     ## Starting State
     A real page from the checkpoint's `web_start_pages.json`, drawn with `np_random` (only `task`'s pages when
@@ -356,12 +369,7 @@ class WebWorldEnv(gym.Env):
         prediction = self.world.predict(self.page.utterance, self.tree, [action], seed)[0]
         self.steps += 1
         self.tree = prediction.tree
-        if prediction.error is not None:
-            reward, terminated, truncated = 0.0, False, True
-        else:
-            reward = float(np.clip(prediction.reward, -1.0, 1.0))
-            terminated = prediction.done
-            truncated = not terminated and self.steps >= self.max_steps
+        reward, terminated, truncated = step_outcome(prediction, self.steps, self.max_steps)
         self._over = terminated or truncated
         info = {**self._info(prediction.error), "prediction": prediction.text}
         return self._observation(), reward, terminated, truncated, info
