@@ -5,6 +5,7 @@ else runs on what it recorded, with a tiny Llama.
 """
 
 import gzip
+import dataclasses
 import json
 import os
 import subprocess
@@ -160,6 +161,19 @@ def test_sft_from_a_local_pretrained_model_keeps_its_tokenizer(sft_run, data, tm
     # limits beyond the model's 1,536 positions: a copy with a longer context trains
     longer = run_web_sft(sft_config(data, tmp_path / "longer", model=str(final), eval_data="", max_prompt_tokens=1536))
     assert context_of(tmp_path / "longer" / "init") == context_of(longer) == 1536 + 512
+
+
+def test_a_refit_on_new_episodes_keeps_the_record_of_the_old_ones(sft_run, data, tmp_path):
+    train, held_out = data
+    config = dataclasses.replace(sft_config(data, tmp_path, model=str(sft_run / "final"), eval_data=""),
+                                 data=(str(held_out),))
+    config.sft.steps = 1
+    record = json.loads((run_web_sft(config) / TRAINING_RECORD).read_text())
+    assert record["tasks"] == sorted(set(TRAIN) | set(HELDOUT))
+    assert record["seeds"]["click-test-2"] == [0, 1, 1_000_000, 1_000_001]  # the base model's pages and the new ones
+    with pytest.raises(ValueError, match="share"):  # scoring on pages the base model was trained on
+        run_web_sft(dataclasses.replace(sft_config(data, tmp_path / "again", model=str(sft_run / "final"),
+                                                   eval_data=str(train)), data=(str(held_out),)))
 
 
 def test_rlvr_two_steps_log_reward_and_parse_failures(sft_run, data, tmp_path):

@@ -153,7 +153,12 @@ def run_web_sft(config: WebSFTConfig) -> Path:
         )
     d = setup_processes(config.sft.threads)
     check_run(root, config, d.is_main)
-    train, manifests, held_out, _ = load_train_and_eval(config.data, config.eval_data)
+    train, manifests, held_out, eval_manifest = load_train_and_eval(config.data, config.eval_data)
+    # A model fine-tuned further keeps the record of what it was trained on before (a refit on new episodes).
+    base = read_training_record(resolve_checkpoint(config.model)) if config.model else None
+    if base is not None and eval_manifest is not None:
+        check_disjoint_episodes(base["seeds"], episodes_of(eval_manifest), f"the training data of {config.model}",
+                                config.eval_data)  # fmt: skip
     model_dir = Path(config.model) if config.model else root / "init"
     if config.model and context_of(config.model) < config.max_prompt_tokens + config.max_target_tokens:
         # The longest examples kept need more positions than the model has: train a copy with a longer context.
@@ -186,7 +191,7 @@ def run_web_sft(config: WebSFTConfig) -> Path:
     sft = set_by_command(config.sft, "sft", run_dir=str(root), model=str(model_dir), resume=config.resume)
     final = train_sft(sft, examples, loss_examples, eval_fn)
     if d.is_main:
-        write_training_record(final, manifests)
+        write_training_record(final, manifests, base)
     barrier(d)
     return final
 
