@@ -45,7 +45,7 @@ def test_gym_make_works_right_after_install_with_the_rlvr_model():
     assert 0.0 <= env.step(np.zeros(7, np.float32))[4]["success_prob"] <= 1.0
 
 
-@pytest.mark.parametrize("name", ["textgame-sft", "textgame-rlvr", "web-sft", "web-rlvr"])
+@pytest.mark.parametrize("name", ["textgame-sft", "textgame-rlvr", "web-sft", "web-rlvr", "web-refit"])
 def test_shipped_language_world_models_are_small_fp16_with_start_states_and_a_card(name):
     path = SHIPPED_DIR / name
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -70,7 +70,7 @@ def test_language_envs_work_right_after_install_with_the_rlvr_models(env_id):
     assert isinstance(reward, float) and isinstance(terminated, bool) and "error" in info
 
 
-@pytest.mark.parametrize("name", ["rt1-mle", "rt1-rlvr", "textgame-sft", "textgame-rlvr", "web-sft", "web-rlvr"])
+@pytest.mark.parametrize("name", ["rt1-mle", "rt1-rlvr", "textgame-sft", "textgame-rlvr", "web-sft", "web-rlvr", "web-refit"])
 def test_every_shipped_checkpoint_records_its_real_env_and_loads_without_a_version_warning(name):
     domain = name.split("-")[0]
     record = read_real_env_versions(SHIPPED_DIR / name)
