@@ -22,7 +22,6 @@ import calendar
 import random
 import re
 from collections.abc import Callable
-from typing import Optional
 
 from miniwob.fields import get_field_extractor
 
@@ -105,7 +104,7 @@ def last_button(tree: str, name: str | None = None) -> str | None:
     return click(buttons[-1].id) if buttons else None
 
 
-TrivialPolicy = Callable[[str, str], Optional[str]]
+TrivialPolicy = Callable[[str, str], str | None]
 """(utterance, tree) -> action, or None when the policy has nothing to do on the page (the episode stops there)."""
 
 
