@@ -2,7 +2,7 @@
 would do and takes the one with the best predicted outcome. Compared over the same real episodes with a random
 agent and a model-free baseline.
 
-    python -m agents.web_lookahead --checkpoints web-sft web-rlvr --episodes 100 --seed 1 --out runs/web/lookahead.json
+    python -m agents.web_lookahead --checkpoints web-sft web-rlvr web-refit --episodes 110 --seed 2 --out runs/web/lookahead.json
 
 Agents, all choosing among `envs.web.solvers.candidate_actions` of the current real page:
 - `random`: a uniformly random candidate.
@@ -78,7 +78,7 @@ PolicyMaker = Callable[[int], Policy]
 
 @dataclass
 class LookaheadConfig:
-    checkpoints: tuple[str, ...] = ("web-sft", "web-rlvr")
+    checkpoints: tuple[str, ...] = ("web-sft", "web-rlvr", "web-refit")
     """World models to look ahead with (shipped names or directories); each one is an agent."""
     episodes: int = 100
     """Real episodes per agent, spread over the tasks in turn."""
