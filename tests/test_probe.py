@@ -79,5 +79,7 @@ def test_web_probe_runs_real_pages_and_the_learned_env(tmp_path):
     result = probe_web(WebProbeConfig(checkpoint="web-rlvr", starts=1, steps=1, tasks=("click-button",), out=str(tmp_path)))
     check_report(result, ["click-last-button", "submit-with-nothing-filled", "first-candidate", "uniform-random"], 1)
     assert all(row["outcome_match"] in (0.0, 1.0) for row in result["policies"])
+    (per_task,) = result["outcome_match_per_task"]  # one task, one page: the same matches as the policy rows
+    assert per_task == {"task": "click-button", **{r["policy"]: r["outcome_match"] for r in result["policies"]}}
     with pytest.raises(ValueError, match="no start pages of"):
         probe_web(WebProbeConfig(checkpoint="web-rlvr", tasks=("no-such-task",), out=str(tmp_path)))

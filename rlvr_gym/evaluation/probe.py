@@ -70,7 +70,11 @@ def write_report(result: dict, config: ProbeConfig) -> dict:
     title = f"# Exploit probe: {result['domain']}, {Path(result['checkpoint']).name}\n\n"
     summary = (f"Mean false success {result['mean_false_success']:.3f}, "
                f"largest {result['max_false_success']:.3f} (learned success the real env did not give).\n\n")
-    (out / "probe.md").write_text(title + summary + markdown_table(result["policies"], digits=3) + "\n")
+    text = title + summary + markdown_table(result["policies"], digits=3) + "\n"
+    if "outcome_match_per_task" in result:
+        text += ("\nOutcome match per task (share of start pages where the learned success and termination are the "
+                 "real ones):\n\n" + markdown_table(result["outcome_match_per_task"], digits=3) + "\n")
+    (out / "probe.md").write_text(text)
     return {**result, "out": str(out)}
 
 
@@ -195,13 +199,6 @@ def probe_textgame(config: TextProbeConfig) -> dict:
 # ---------------------------------------------------------------------------------------------------- web
 
 
-def web_probe_policies(seed: int, episode: int) -> dict[str, Callable[[str, str], str | None]]:
-    """Policies (utterance, tree) -> action or None (nothing to do: the episode stops, unpaid)."""
-    from envs.web.solvers import TRIVIAL_POLICIES, trivial_policy
-
-    return {name: trivial_policy(name, seed * 1_000_003 + episode) for name in TRIVIAL_POLICIES}
-
-
 def play_web(step: Callable[[str], tuple[str, float, bool, bool]], utterance: str, tree: str,
              policy: Callable[[str, str], str | None], max_steps: int) -> tuple[bool, bool]:
     """One episode from `tree`; `step(action) -> (tree, reward, terminated, truncated)`. Returns (success: a
@@ -227,6 +224,7 @@ class WebProbeConfig(ProbeConfig):
 def probe_web(config: WebProbeConfig) -> dict:
     """The probe in real MiniWoB++ (Chromium) and RLVRWorld-Web-v0 from the checkpoint's start pages."""
     from envs.web import WebTaskEnv
+    from envs.web.solvers import TRIVIAL_POLICIES, trivial_policy
     from rlvr_gym.sim.web import DEFAULT_CHECKPOINT, WebWorldEnv, load_start_pages
 
     torch.set_num_threads(1)
@@ -239,9 +237,15 @@ def probe_web(config: WebProbeConfig) -> dict:
         raise ValueError(f"{checkpoint} has no start pages of {unknown}; it has {sorted({p.task for p in pages})}")
     chosen = [i for task in tasks for i in [j for j, p in enumerate(pages) if p.task == task][: config.starts]]
     sim = WebWorldEnv(checkpoint, max_steps=max_steps)
+
+    def sim_step(action: str) -> tuple[str, float, bool, bool]:
+        _, reward, terminated, truncated, info = sim.step(action)
+        return info["tree"], reward, terminated, truncated
+
     learned: dict[str, list[bool]] = {}
     real: dict[str, list[bool]] = {}
     matched: dict[str, list[bool]] = {}
+    matched_per_task: dict[str, dict[str, list[bool]]] = {}
     env = None
     try:
         for e, index in enumerate(tqdm(chosen, desc="start pages", unit="page", leave=False)):
@@ -250,22 +254,23 @@ def probe_web(config: WebProbeConfig) -> dict:
                 env = WebTaskEnv(page.task, max_steps=max_steps)
             elif env.task != page.task:
                 env.load_task(page.task)
-            # Each env gets its own copy of the policies, so uniform-random starts from the same draws in both.
-            for name, policy in web_probe_policies(config.seed, e).items():
+            for name in TRIVIAL_POLICIES:
+                # Each env gets its own copy of the policy, so uniform-random starts from the same draws in both.
+                policy_seed = config.seed * 1_000_003 + e
                 utterance, tree, _ = env.reset(seed=page.seed)
-                real_outcome = play_web(lambda a: env.step(a)[:4], utterance, tree, policy, max_steps)
+                real_outcome = play_web(lambda a: env.step(a)[:4], utterance, tree, trivial_policy(name, policy_seed),
+                                        max_steps)  # fmt: skip
                 sim.reset(seed=config.seed, options={"index": index})
-
-                def sim_step(action: str) -> tuple[str, float, bool, bool]:
-                    _, reward, terminated, truncated, info = sim.step(action)
-                    return info["tree"], reward, terminated, truncated
-
-                policy = web_probe_policies(config.seed, e)[name]
-                learned_outcome = play_web(sim_step, page.utterance, sim.tree, policy, max_steps)
+                learned_outcome = play_web(sim_step, page.utterance, sim.tree, trivial_policy(name, policy_seed),
+                                           max_steps)  # fmt: skip
                 real.setdefault(name, []).append(real_outcome[0])
                 learned.setdefault(name, []).append(learned_outcome[0])
                 matched.setdefault(name, []).append(learned_outcome == real_outcome)
+                matched_per_task.setdefault(page.task, {}).setdefault(name, []).append(learned_outcome == real_outcome)
     finally:
         if env is not None:
             env.close()
-    return write_report(summarize("web", checkpoint, learned, real, matched), config)
+    per_task = [{"task": task, **{name: float(np.mean(m)) for name, m in by_policy.items()}}
+                for task, by_policy in matched_per_task.items()]
+    return write_report({**summarize("web", checkpoint, learned, real, matched), "outcome_match_per_task": per_task},
+                        config)

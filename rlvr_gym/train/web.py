@@ -143,6 +143,15 @@ class WebSFTConfig:
     """The trainer's settings (its run_dir, model and resume are set from the fields above)."""
 
 
+def base_record(model: str, eval_manifest: dict | None, eval_data: str) -> dict | None:
+    """The training record of the model a run starts from (None when it has none), which the run's own record
+    extends; an eval set that shares its episodes is refused."""
+    base = read_training_record(resolve_checkpoint(model))
+    if base is not None and eval_manifest is not None:
+        check_disjoint_episodes(base["seeds"], episodes_of(eval_manifest), f"the training data of {model}", eval_data)
+    return base
+
+
 def run_web_sft(config: WebSFTConfig) -> Path:
     """Train a web world model by SFT on (task, tree, action) -> (diff, reward, done); returns the final model dir."""
     root = Path(config.run_dir)
@@ -154,11 +163,7 @@ def run_web_sft(config: WebSFTConfig) -> Path:
     d = setup_processes(config.sft.threads)
     check_run(root, config, d.is_main)
     train, manifests, held_out, eval_manifest = load_train_and_eval(config.data, config.eval_data)
-    # A model fine-tuned further keeps the record of what it was trained on before (a refit on new episodes).
-    base = read_training_record(resolve_checkpoint(config.model)) if config.model else None
-    if base is not None and eval_manifest is not None:
-        check_disjoint_episodes(base["seeds"], episodes_of(eval_manifest), f"the training data of {config.model}",
-                                config.eval_data)  # fmt: skip
+    base = base_record(config.model, eval_manifest, config.eval_data) if config.model else None
     model_dir = Path(config.model) if config.model else root / "init"
     if config.model and context_of(config.model) < config.max_prompt_tokens + config.max_target_tokens:
         # The longest examples kept need more positions than the model has: train a copy with a longer context.
@@ -236,10 +241,7 @@ def run_web_rlvr(config: WebRLVRConfig) -> Path:
     check_run(root, config, d.is_main)
     tokenizer = load_tokenizer(config.model)
     train, manifests, held_out, eval_manifest = load_train_and_eval(config.data, config.eval_data)
-    base = read_training_record(resolve_checkpoint(config.model))
-    if base is not None and eval_manifest is not None:
-        check_disjoint_episodes(base["seeds"], episodes_of(eval_manifest), f"the training data of {config.model}",
-                                config.eval_data)  # fmt: skip
+    base = base_record(config.model, eval_manifest, config.eval_data)
     examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.grpo.max_new_tokens)
     report_data(root, stats, d.is_main)
     # The trainer hands every column but prompt_ids to the reward: keep what web_reward reads.
