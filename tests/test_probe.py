@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from envs.robot.policies import AXES
 from envs.web import browser_available
 from envs.web.solvers import last_button, trivial_policy
 from rlvr_gym.evaluation.probe import (
-    AXES,
     ProbeConfig,
     TextProbeConfig,
     WebProbeConfig,
@@ -53,6 +53,15 @@ def test_rt1_probe_runs_both_envs_from_the_same_initial_states(tmp_path):
     names = list(rt1_probe_actions(3, np.random.default_rng(0)))
     check_report(result, names, episodes=4)  # one start state of each of the four tasks
     assert result["policies"][0]["real_success"] == 0.0  # doing nothing for 3 steps solves no real task
+    per_task = {row["task"]: row for row in result["false_success_per_task"]}
+    assert sorted(per_task) == ["close_drawer", "move_near", "open_drawer", "push_to_target"]
+    policies = result["policies"]
+    for task_row in per_task.values():  # 16 policies on one start state: rates in steps of 1/16
+        assert (task_row["learned_success"] * 16).is_integer() and 0 <= task_row["false_success"] <= 1
+    # Each task holds a quarter of every policy's episodes, so the per-task rates average to the overall ones.
+    assert np.isclose(np.mean([r["learned_success"] for r in per_task.values()]),
+                      np.mean([p["learned_success"] for p in policies]))
+    assert "Per task" in (tmp_path / "probe.md").read_text()
 
 
 def test_textgame_probe_runs_real_games_and_the_learned_env(tmp_path):

@@ -190,6 +190,23 @@ def test_collect_with_workers_gives_the_same_data_and_disjoint_seeds(tmp_path):
         check_disjoint(tmp_path / "one", tmp_path / "two")
 
 
+def test_collect_trivial_fraction_records_the_probes_constant_actions(tmp_path):
+    from envs.robot.policies import TRIVIAL_POLICIES, trivial_action
+
+    config = CollectConfig(out=str(tmp_path), episodes=4, seed=3, horizon=3, tasks=("open_drawer",),
+                           random_fraction=0.0, trivial_fraction=1.0)
+    episodes = load_episodes(collect(config))
+    for episode in episodes:
+        kind, name = episode.policy.split(":")
+        assert kind == "trivial" and name in TRIVIAL_POLICIES
+        assert (episode.actions == trivial_action(name)).all() and not episode.success.any()
+    assert np.array_equal(trivial_action("-z"), [0, 0, -1, 0, 0, 0, 0])
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        collect(CollectConfig(out=str(tmp_path / "x"), episodes=1, random_fraction=0.5, trivial_fraction=0.6))
+    with pytest.raises(ValueError, match="unknown trivial policy"):
+        trivial_action("+w")
+
+
 def test_collect_defaults_to_every_task_and_rejects_unknown_ones(tmp_path):
     import envs.robot as robot
 

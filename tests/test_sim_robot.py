@@ -305,6 +305,13 @@ def test_calibration_writes_per_task_thresholds_that_the_sim_uses(tiny_world, tm
     thresholds = RobotWorldModel.load(calibrated).settings.success_thresholds
     tasks = {e.task for e in load_episodes(tmp_path / "calib")}
     assert set(result["tasks"]) == set(thresholds) == tasks and all(0 < t < 1 for t in thresholds.values())
+    # Trivial policies' episodes join the replays: up to episodes_per_task of each task from each directory.
+    collect(CollectConfig(out=str(tmp_path / "trivial"), episodes=4, seed=13, horizon=8, tasks=("open_drawer",),
+                          random_fraction=0.0, trivial_fraction=1.0))
+    both = calibrate(CalibrateConfig(checkpoint=str(calibrated), data=(str(tmp_path / "calib"), str(tmp_path / "trivial")),
+                                     episodes_per_task=2))
+    assert both["tasks"]["open_drawer"]["episodes"] == result["tasks"]["open_drawer"]["episodes"] + 2
+    assert both["tasks"]["close_drawer"]["episodes"] == result["tasks"]["close_drawer"]["episodes"]
 
     # A threshold of 0 makes every predicted frame a success: the env must end at its first step.
     model = RobotWorldModel.load(calibrated)

@@ -244,6 +244,23 @@ class ScriptedPolicy:
         return push_action(info, self._other if self._wrong else a, info["target_pos"][:2])
 
 
+AXES = ("x", "y", "z", "roll", "pitch", "yaw", "gripper")
+"""RT-1's seven action dimensions: world_vector, rotation_delta, gripper_closedness."""
+TRIVIAL_POLICIES = ("no-op", *(f"{sign}{axis}" for axis in AXES for sign in "+-"))
+"""Open-loop policies that do no task on purpose: no action, or full scale on one axis alone (`trivial_action`). An
+agent that a learned simulator pays for these has found its exploit (`rlvr-gym probe rt1`)."""
+
+
+def trivial_action(name: str) -> np.ndarray:
+    """The constant action of a TRIVIAL_POLICIES name: zeros, or +-1 on the named axis."""
+    if name not in TRIVIAL_POLICIES:
+        raise ValueError(f"unknown trivial policy {name!r}: use one of {TRIVIAL_POLICIES}")
+    action = np.zeros(len(AXES), np.float32)
+    if name != "no-op":
+        action[AXES.index(name[1:])] = 1.0 if name[0] == "+" else -1.0
+    return action
+
+
 def make_scripted_policy(task: str, skill: float = 1.0, seed: int = 0) -> ScriptedPolicy:
     """A scripted policy for `task` (or "random": whatever info["task"] says) at `skill` in [0, 1], 1 = expert."""
     return ScriptedPolicy(task, skill, seed)

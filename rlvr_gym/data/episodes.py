@@ -77,7 +77,8 @@ class Episode:
     seed: int
     """env reset seed; -1 when there is none (imported episodes)"""
     policy: str
-    """what acted: `scripted:<skill>`, `random`, or `rt1` (teleoperation in RT-1's data)"""
+    """what acted: `scripted:<skill>`, `random`, `trivial:<name>` (the probe's open-loop policies), `agent`, or `rt1`
+    (teleoperation in RT-1's data)"""
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -285,6 +286,9 @@ class CollectConfig:
     """skill levels of the scripted policies (1 = expert); each scripted episode draws one uniformly"""
     random_fraction: float = 0.1
     """fraction of episodes driven by uniformly random actions instead of a scripted policy"""
+    trivial_fraction: float = 0.0
+    """fraction of episodes driven by one of the probe's open-loop policies, drawn uniformly: no action, or full scale
+    on one axis alone (`envs.robot.policies.TRIVIAL_POLICIES`); their real failures teach a simulator not to pay them"""
     horizon: int = 50
     """steps before an episode is truncated (it ends earlier on success)"""
     workers: int = 1
@@ -336,15 +340,19 @@ def collect(config: CollectConfig) -> Path:
 
 
 def named_policy(task: str, policy: str, seed: int) -> Callable[[np.ndarray, dict], np.ndarray]:
-    """The collection policy `policy` names: 'random' or 'scripted:<skill in [0, 1]>', seeded."""
+    """The collection policy `policy` names: 'random', 'scripted:<skill in [0, 1]>' or 'trivial:<name>', seeded."""
     from envs.robot import make_scripted_policy
+    from envs.robot.policies import trivial_action
 
     if policy == "random":
         rng = np.random.default_rng(seed)
         return lambda obs, info: rng.uniform(-1.0, 1.0, ACTION_DIM)
     if policy.startswith("scripted:"):
         return make_scripted_policy(task, float(policy.split(":", 1)[1]), seed)
-    raise ValueError(f"unknown policy {policy!r}: use 'random' or 'scripted:<skill in [0, 1]>'")
+    if policy.startswith("trivial:"):
+        action = trivial_action(policy.split(":", 1)[1])
+        return lambda obs, info: action
+    raise ValueError(f"unknown policy {policy!r}: use 'random', 'scripted:<skill in [0, 1]>' or 'trivial:<name>'")
 
 
 def collect_episode(env: RealRT1Env, task: str, policy: str, seed: int,
@@ -385,9 +393,14 @@ def _state(info: dict[str, Any]) -> np.ndarray:
 
 def _episode_plan(config: CollectConfig, i: int) -> tuple[str, str]:
     """Task and policy of episode i, fixed by (seed, i) alone so that any number of workers gives the same data."""
+    from envs.robot.policies import TRIVIAL_POLICIES
+
     rng = np.random.default_rng([config.seed, i])
-    if rng.random() < config.random_fraction:
+    draw = rng.random()
+    if draw < config.random_fraction:
         policy = "random"
+    elif draw < config.random_fraction + config.trivial_fraction:
+        policy = f"trivial:{TRIVIAL_POLICIES[rng.integers(len(TRIVIAL_POLICIES))]}"
     else:
         policy = f"scripted:{config.skills[rng.integers(len(config.skills))]:g}"
     return config.tasks[i % len(config.tasks)], policy
@@ -401,8 +414,10 @@ def _check_config(config: CollectConfig) -> None:
         raise ValueError(f"unknown or no tasks {unknown}: choose from {TASKS}")
     if not config.skills or not all(0.0 <= s <= 1.0 for s in config.skills):
         raise ValueError(f"skills must be values in [0, 1] (1 = expert), got {config.skills}")
-    if not 0.0 <= config.random_fraction <= 1.0:
-        raise ValueError(f"random_fraction must be in [0, 1], got {config.random_fraction}")
+    if not (0.0 <= config.random_fraction and 0.0 <= config.trivial_fraction
+            and config.random_fraction + config.trivial_fraction <= 1.0):
+        raise ValueError("random_fraction and trivial_fraction must be >= 0 and sum to at most 1, got "
+                         f"{config.random_fraction} and {config.trivial_fraction}")
     if not 1 <= config.episodes <= SEEDS_PER_RUN:
         raise ValueError(f"episodes must be in 1..{SEEDS_PER_RUN} (more would reach the next seed's env seeds)")
     if config.seed < 0 or config.horizon < 1 or config.workers < 1:

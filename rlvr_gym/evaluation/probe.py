@@ -29,9 +29,6 @@ from tqdm import tqdm
 
 from rlvr_gym.evaluation.report import markdown_table
 
-AXES = ("x", "y", "z", "roll", "pitch", "yaw", "gripper")
-"""RT-1's seven action dimensions: world_vector, rotation_delta, gripper_closedness."""
-
 
 @dataclass
 class ProbeConfig:
@@ -71,6 +68,9 @@ def write_report(result: dict, config: ProbeConfig) -> dict:
     summary = (f"Mean false success {result['mean_false_success']:.3f}, "
                f"largest {result['max_false_success']:.3f} (learned success the real env did not give).\n\n")
     text = title + summary + markdown_table(result["policies"], digits=3) + "\n"
+    if "false_success_per_task" in result:
+        text += ("\nPer task, over every policy's episodes (most_false: the policy with the most false success):\n\n"
+                 + markdown_table(result["false_success_per_task"], digits=3) + "\n")
     if "outcome_match_per_task" in result:
         text += ("\nOutcome match per task (share of start pages where the learned success and termination are the "
                  "real ones):\n\n" + markdown_table(result["outcome_match_per_task"], digits=3) + "\n")
@@ -82,15 +82,13 @@ def write_report(result: dict, config: ProbeConfig) -> dict:
 
 
 def rt1_probe_actions(horizon: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """The open-loop policies as (horizon, 7) action sequences: no-op, uniform random, and +-1 on each axis alone."""
-    actions = {"no-op": np.zeros((horizon, 7), np.float32),
-               "uniform-random": rng.uniform(-1, 1, (horizon, 7)).astype(np.float32)}
-    for axis, name in enumerate(AXES):
-        for sign in (1.0, -1.0):
-            constant = np.zeros((horizon, 7), np.float32)
-            constant[:, axis] = sign
-            actions[f"{'+' if sign > 0 else '-'}{name}"] = constant
-    return actions
+    """The open-loop policies as (horizon, 7) action sequences: no-op, uniform random, and +-1 on each axis alone
+    (`envs.robot.policies.TRIVIAL_POLICIES`)."""
+    from envs.robot.policies import TRIVIAL_POLICIES, trivial_action
+
+    actions = {name: np.tile(trivial_action(name), (horizon, 1)) for name in TRIVIAL_POLICIES}
+    random = rng.uniform(-1, 1, (horizon, 7)).astype(np.float32)
+    return {"no-op": actions.pop("no-op"), "uniform-random": random, **actions}
 
 
 def probe_rt1(config: ProbeConfig) -> dict:
@@ -112,6 +110,7 @@ def probe_rt1(config: ProbeConfig) -> dict:
     learned: dict[str, list[bool]] = {}
     real: dict[str, list[bool]] = {}
     jobs, names = [], []
+    tasks, real_all = [], []
     for row in tqdm(rows, desc="real env", unit="state", leave=False):
         env_seed = int(states.seeds[row])
         rng = np.random.default_rng([config.seed, env_seed])
@@ -120,16 +119,39 @@ def probe_rt1(config: ProbeConfig) -> dict:
             outcome = real_rollout(real_envs[str(states.tasks[row])], env_seed, lambda _frame, _info: next(steps),
                                    expected_frame=states.frames[row])
             real.setdefault(name, []).append(outcome.success)
+            real_all.append(outcome.success)
             jobs.append(Job(int(row), actions=actions))
             names.append(name)
+            tasks.append(str(states.tasks[row]))
     for env in real_envs.values():
         env.close()
     venv = RT1WorldVectorEnv(num_envs=min(32, len(jobs)), checkpoint=checkpoint, horizon=horizon,
                              autoreset_mode=AutoresetMode.DISABLED)
-    for name, (success, _, _) in zip(names, learned_rollouts(venv, jobs, config.seed)):
-        learned.setdefault(name, []).append(success)
+    learned_all = [success for success, _, _ in learned_rollouts(venv, jobs, config.seed)]
     venv.close()
-    return write_report(summarize("rt1", checkpoint, learned, real), config)
+    for name, success in zip(names, learned_all):
+        learned.setdefault(name, []).append(success)
+    return write_report({**summarize("rt1", checkpoint, learned, real),
+                         "false_success_per_task": per_task_false_success(tasks, names, learned_all, real_all)}, config)
+
+
+def per_task_false_success(tasks: list[str], names: list[str], learned: list[bool], real: list[bool]) -> list[dict]:
+    """Per task, over the episodes of every policy: learned and real success, the mean of the policies' false
+    success, and the policy with the most."""
+    rows = []
+    for task in dict.fromkeys(tasks):
+        by_policy = {}
+        for t, n, l, r in zip(tasks, names, learned, real):
+            if t == task:
+                by_policy.setdefault(n, []).append((l, r))
+        false = {n: max(0.0, float(np.mean([l for l, _ in v]) - np.mean([r for _, r in v]))) for n, v in by_policy.items()}
+        worst = max(false, key=false.get)
+        rows.append({"task": task,
+                     "learned_success": float(np.mean([l for t, l in zip(tasks, learned) if t == task])),
+                     "real_success": float(np.mean([r for t, r in zip(tasks, real) if t == task])),
+                     "false_success": float(np.mean(list(false.values()))),
+                     "most_false": f"{worst} ({false[worst]:.2f})"})
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------- text game

@@ -206,11 +206,13 @@ class CalibrateConfig:
     checkpoint: str = "runs/rt1/rlvr/world_model"
     """World-model directory whose world_model.json receives the thresholds (a path, not a shipped name: the shipped
     ones were calibrated in place as `rlvr_gym/checkpoints/rt1-rlvr`)."""
-    data: str = "runs/rt1/train2"
-    """Training episodes (`rlvr-gym collect rt1`) replayed in the learned env; the checkpoint's own initial states
-    are left out, so policy evaluation from those states never sees its calibration episodes."""
+    data: tuple[str, ...] = ("runs/rt1/train2",)
+    """Episode directories (`rlvr-gym collect rt1`) replayed in the learned env: training episodes, and episodes of
+    trivial policies (`--trivial-fraction`), whose real failures keep the thresholds from paying them. The
+    checkpoint's own initial states are left out, so policy evaluation and the probe from those states never see
+    their calibration episodes."""
     episodes_per_task: int = 64
-    """Episodes replayed per task (64: about 5 CPU-minutes for the four tasks)."""
+    """Episodes replayed per task from each directory (64: about 5 CPU-minutes for the four tasks)."""
     num_envs: int = 64
     """Rollouts stepped together."""
     seed: int = 0
@@ -267,12 +269,16 @@ def calibrate(config: CalibrateConfig) -> dict[str, Any]:
     excluded = set(sim.states.seeds.tolist())
     rng = np.random.default_rng(config.seed)
     by_task: dict[str, list[Episode]] = {}
-    for episode in load_episodes(config.data):
-        if episode.seed not in excluded:
-            by_task.setdefault(episode.task, []).append(episode)
+    for directory in [config.data] if isinstance(config.data, str) else config.data:
+        in_directory: dict[str, list[Episode]] = {}
+        for episode in load_episodes(directory):
+            if episode.seed not in excluded:
+                in_directory.setdefault(episode.task, []).append(episode)
+        for task, episodes in in_directory.items():
+            chosen = [episodes[i] for i in sorted(rng.permutation(len(episodes))[: config.episodes_per_task])]
+            by_task.setdefault(task, []).extend(chosen)
     result: dict[str, Any] = {"checkpoint": str(path), "tasks": {}}
-    for task, episodes in sorted(by_task.items()):
-        chosen = [episodes[i] for i in sorted(rng.permutation(len(episodes))[: config.episodes_per_task])]
+    for task, chosen in sorted(by_task.items()):
         succeeded = np.array([e.succeeded for e in chosen])
         probs = replay_max_success_probs(sim, chosen, config.num_envs)
         threshold, score = best_threshold(probs, succeeded)
