@@ -22,6 +22,7 @@ from rlvr_gym.sim.textgame import (
     NOOP_COMMAND,
     START_STATES,
     TextGameDiscreteEnv,
+    TextGameDiscreteVectorEnv,
     TextGameWorldEnv,
     candidate_commands,
     encode_observation,
@@ -259,6 +260,44 @@ def test_discrete_actions_past_the_candidate_list_send_look(no_change_checkpoint
     assert info["command"] == info["candidates"][0]
     with pytest.raises(ValueError, match="action"):
         env.step(32)
+
+
+@pytest.mark.parametrize("checkpoint", ["no_change_checkpoint", "garbage_checkpoint"])
+def test_vector_env_steps_as_the_single_envs_do(checkpoint, request):
+    checkpoint = request.getfixturevalue(checkpoint)
+    kwargs = dict(max_candidates=16, obs_dim=128)
+    venv = TextGameDiscreteVectorEnv(3, checkpoint, max_steps=2, max_new_tokens=16, **kwargs)
+    singles = [TextGameDiscreteEnv(TextGameWorldEnv(checkpoint, max_steps=2, max_new_tokens=16), **kwargs) for _ in range(3)]
+    obs, infos = venv.reset(seed=5)
+    firsts = [env.reset(seed=5 + i) for i, env in enumerate(singles)]
+    np.testing.assert_array_equal(obs, np.stack([o for o, _ in firsts]))
+    assert infos["start_index"].tolist() == [info["start_index"] for _, info in firsts]
+    for actions in ([0, 1, 20 % 16], [2, 0, 1]):
+        obs, rewards, terminated, truncated, infos = venv.step(np.array(actions))
+        steps = [env.step(a) for env, a in zip(singles, actions)]
+        np.testing.assert_array_equal(obs, np.stack([s[0] for s in steps]))
+        assert rewards.tolist() == [s[1] for s in steps]
+        assert terminated.tolist() == [s[2] for s in steps] and truncated.tolist() == [s[3] for s in steps]
+        assert list(infos["error"]) == [s[4]["error"] for s in steps]
+        if truncated.all():
+            break
+    assert truncated.all()  # max_steps (no change) or an unparsable output (garbage)
+    obs, rewards, *_ = venv.step(np.zeros(3, dtype=np.int64))  # NEXT_STEP: the ended sub-envs start over
+    assert (obs[:, -1] == 0).all() and not rewards.any()
+    assert venv.action_masks().shape == (3, 16)
+    with pytest.raises(ValueError, match="ints in"):
+        venv.step(np.array([0, 1, 16]))
+
+
+def test_an_sb3_model_trains_in_the_vector_env(no_change_checkpoint):
+    from gymnasium.vector import AutoresetMode
+    from stable_baselines3 import DQN
+
+    from rlvr_gym.sim.sb3 import SB3VecEnv
+
+    venv = SB3VecEnv(TextGameDiscreteVectorEnv(4, no_change_checkpoint, max_steps=3, autoreset_mode=AutoresetMode.DISABLED))
+    model = DQN("MlpPolicy", venv, learning_starts=8, buffer_size=64, train_freq=2, seed=0).learn(24)
+    assert model.num_timesteps >= 24
 
 
 # ---------------------------------------------------------------------------------------------------- real counterpart

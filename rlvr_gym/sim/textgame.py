@@ -563,3 +563,140 @@ class TextGameDiscreteEnv(gym.Wrapper):
         i = self._info
         return encode_observation(i["state"], i["objective"], i["candidates"], i["step"] / self.get_wrapper_attr("max_steps"),
                                   self.obs_dim, self.max_candidates)
+
+
+class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
+    """`num_envs` TextGameDiscreteEnv(TextGameWorldEnv) sharing one model, stepped with one batched generation.
+
+    Spaces, rewards and episode ends are TextGameDiscreteEnv's, batched along axis 0: a step predicts every sub-env's
+    next state at once (`TextGameSimulator.advance`), which is what makes training an agent in the learned text
+    game affordable (on 2 CPU cores, 16 sub-envs step several times faster than one env 16 times).
+
+    ## Seeding
+    `reset(seed=s)` seeds sub-env i with s + i (a list gives one seed per sub-env) and draws its start state as a
+    TextGameWorldEnv reset with that seed would. Greedy rollouts (temperature 0) equal the single env's; sampled ones
+    share one seed per step. `options`: `{"index": i}` (one start state for all, or a list of num_envs) and
+    gymnasium's `{"reset_mask": bool array}`.
+
+    ## Autoreset
+    `autoreset_mode` NEXT_STEP (gymnasium's default: the step after a sub-env ends resets it and ignores its action)
+    or DISABLED (reset ended sub-envs with `reset(options={"reset_mask": ...})`); `rlvr_gym.sim.sb3.SB3VecEnv` hands
+    either to SB3.
+
+    `info` (gymnasium's dict of arrays with `_key` masks): `is_success`, `start_index`, `step`, `error` (None or why
+    the output was unusable), `candidates`.
+    """
+
+    metadata = {"render_modes": [], "autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
+
+    def __init__(
+        self,
+        num_envs: int = 16,
+        checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        temperature: float = 0.0,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_candidates: int = DEFAULT_MAX_CANDIDATES,
+        obs_dim: int = DEFAULT_OBS_DIM,
+        autoreset_mode: str | gym.vector.AutoresetMode = gym.vector.AutoresetMode.NEXT_STEP,
+    ):
+        if num_envs < 1 or max_steps < 1:
+            raise ValueError(f"num_envs and max_steps must be >= 1, got {num_envs} and {max_steps}")
+        self.autoreset_mode = gym.vector.AutoresetMode(autoreset_mode)
+        if self.autoreset_mode == gym.vector.AutoresetMode.SAME_STEP:
+            raise ValueError("autoreset_mode must be NEXT_STEP or DISABLED")
+        self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
+        self.sim = TextGameSimulator(checkpoint, temperature, max_new_tokens, batch_size=num_envs)
+        self.num_envs = num_envs
+        self.max_steps = max_steps
+        self.max_candidates = max_candidates
+        self.obs_dim = obs_dim
+        self.single_observation_space, self.single_action_space = discrete_spaces(max_candidates, obs_dim)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self._rngs = [np.random.default_rng() for _ in range(num_envs)]
+        self._rollouts: list[Rollout | None] = [None] * num_envs
+        self._candidates: list[list[str]] = [[] for _ in range(num_envs)]
+        self._needs_reset = np.zeros(num_envs, dtype=bool)
+        self._steps_taken = 0
+
+    def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
+        options = dict(options or {})
+        mask = options.pop("reset_mask", None)
+        if mask is None:
+            mask = np.ones(self.num_envs, dtype=bool)
+        elif not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (self.num_envs,):
+            raise ValueError(f"options['reset_mask'] must be a bool numpy array of shape ({self.num_envs},), got {mask!r}")
+        seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, (int, np.integer)) else seed
+        seeds = [None] * self.num_envs if seeds is None else list(seeds)
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"reset needs one seed per sub-env ({self.num_envs}), got {len(seeds)}")
+        indices = options.pop("index", None)
+        indices = [indices] * self.num_envs if indices is None or isinstance(indices, (int, np.integer)) else list(indices)
+        if len(indices) != self.num_envs:
+            raise ValueError(f"options['index'] must be one int or a list of {self.num_envs}, got {len(indices)}")
+        for i in np.flatnonzero(mask):
+            if seeds[i] is not None:
+                # What gym.Env.reset(seed=s) gives a TextGameWorldEnv: the same start state for the same seed.
+                self._rngs[i] = gym.utils.seeding.np_random(int(seeds[i]))[0]
+            self._start(i, indices[i])
+        self._needs_reset[mask] = False
+        return self._observations(), self._infos(mask)
+
+    def step(self, actions):
+        if any(r is None for r in self._rollouts):
+            raise RuntimeError("call reset() before step()")
+        actions = np.asarray(actions)
+        if actions.shape != (self.num_envs,) or not all(self.single_action_space.contains(int(a)) for a in actions) \
+                or actions.dtype.kind not in "iu":
+            raise ValueError(f"actions must be {self.num_envs} ints in [0, {self.max_candidates}), got {actions!r}")
+        if self.autoreset_mode == gym.vector.AutoresetMode.DISABLED and self._needs_reset.any():
+            raise RuntimeError(f"sub-envs {np.flatnonzero(self._needs_reset).tolist()} have ended; with autoreset "
+                               "DISABLED reset them with reset(options={'reset_mask': mask})")
+        resetting = self._needs_reset.copy()
+        for i in np.flatnonzero(resetting):
+            self._start(i, None)
+        stepping = np.flatnonzero(~resetting)
+        rewards = np.zeros(self.num_envs)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        if len(stepping):
+            rollouts = [self._rollouts[i] for i in stepping]
+            commands = [command_for(int(actions[i]), self._candidates[i], self.single_action_space) for i in stepping]
+            # One seed per batched step: greedy rollouts do not use it; sampled ones stay reproducible.
+            self.sim.advance(rollouts, commands, seed=rollouts[0].sample_seed + self._steps_taken)
+            self._steps_taken += 1
+            for i, r in zip(stepping, rollouts):
+                self._candidates[i] = candidate_commands(r.state)
+                rewards[i] = r.reward
+                terminated[i] = r.error is None and r.terminated
+                truncated[i] = not terminated[i] and (r.error is not None or r.steps >= self.max_steps)
+        self._needs_reset = terminated | truncated
+        return self._observations(), rewards, terminated, truncated, self._infos(np.ones(self.num_envs, dtype=bool))
+
+    def action_masks(self) -> np.ndarray:
+        """(num_envs, max_candidates): which actions name a candidate, per sub-env."""
+        return np.stack([action_mask(c, self.max_candidates) for c in self._candidates])
+
+    def _start(self, i: int, index: int | None) -> None:
+        self._rollouts[i] = self.sim.start(self._rngs[i], index)
+        self._candidates[i] = candidate_commands(self._rollouts[i].state)
+
+    def _observations(self) -> np.ndarray:
+        return np.stack([
+            encode_observation(r.state, r.start.objective, c, r.steps / self.max_steps, self.obs_dim, self.max_candidates)
+            if r is not None else np.zeros(self.obs_dim, np.float32)
+            for r, c in zip(self._rollouts, self._candidates)
+        ])
+
+    def _infos(self, mask: np.ndarray) -> dict[str, Any]:
+        candidates = np.empty(self.num_envs, dtype=object)
+        candidates[:] = [list(c) for c in self._candidates]
+        infos: dict[str, Any] = {
+            "is_success": np.array([bool(r.state["gameWon"]) if r else False for r in self._rollouts]),
+            "start_index": np.array([r.index if r else -1 for r in self._rollouts]),
+            "step": np.array([r.steps if r else 0 for r in self._rollouts]),
+            "error": np.array([r.error if r else None for r in self._rollouts], dtype=object),
+            "candidates": candidates,
+        }
+        return {**infos, **{f"_{key}": mask.copy() for key in list(infos)}}
