@@ -24,7 +24,13 @@ from rlvr_gym.files import read_log
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, load_model
 from rlvr_gym.train.grpo import GRPOConfig
 from rlvr_gym.train.sft import SFTConfig
-from rlvr_gym.train.textgame import TextGameRLVRConfig, TextGameSFTConfig, run_textgame_rlvr, run_textgame_sft
+from rlvr_gym.train.textgame import (
+    TextGameRLVRConfig,
+    TextGameSFTConfig,
+    run_textgame_rlvr,
+    run_textgame_sft,
+    weight_toward,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "fixtures" / "bytesized32_small.jsonl"
@@ -107,6 +113,25 @@ def test_rlvr_two_steps_log_reward_and_parse_failures(sft_run, tmp_path):
     stats = json.loads((tmp_path / "data_stats.json").read_text())
     assert stats["target_tokens"]["n"] == 4 and stats["target_tokens"]["max"] > 43
     assert stats["dropped_too_long"] == 2 and stats["kept"] == stats["kept_changed"] == 2
+
+
+def test_rlvr_surprise_prompts_repeat_the_transitions_the_model_gets_wrong(sft_run, tmp_path, caplog):
+    assert weight_toward(["a", "b", "c", "d"], [True, False, False, False], 0.5) == ["a", "a", "a", "b", "c", "d"]
+    assert weight_toward(["a", "b"], [False, False], 0.5) == ["a", "b"] == weight_toward(["a", "b"], [True, True], 0.5)
+    config = TextGameRLVRConfig(
+        run_dir=str(tmp_path), model=str(sft_run / "final"), data=str(FIXTURE), eval_data="", balance=(1, 1),
+        eval_accuracy_examples=0, surprise_prompts=0.9,
+        grpo=GRPOConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=64, lr=1e-4, save_every=1),
+    )
+    with caplog.at_level("INFO", logger="rlvr_gym"):
+        run_textgame_rlvr(config)
+    # A 3-step SFT model gets every fixture transition wrong: all are flagged, none is repeated.
+    counts = [m for m in caplog.messages if "training transitions wrong" in m]
+    assert len(counts) == 1
+    wrong, total = map(int, counts[0].split("gets ")[1].split(" training")[0].split(" of "))
+    assert wrong == total > 0
+    with pytest.raises(ValueError, match="surprise-prompts"):
+        run_textgame_rlvr(TextGameRLVRConfig(run_dir=str(tmp_path / "x"), surprise_prompts=1.0))
 
 
 def chain_model(tokenizer, chain: list[int], path: Path) -> Path:

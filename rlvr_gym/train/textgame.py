@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,9 +36,9 @@ from rlvr_gym.data.textgame import (
     train_tokenizer,
     transition_texts,
 )
-from rlvr_gym.domains.textgame import DEFAULT_BALANCE, REWARDS, accuracy_table
+from rlvr_gym.domains.textgame import DEFAULT_BALANCE, REWARDS, accuracy_table, binary_reward
 from rlvr_gym.files import atomic_write_text
-from rlvr_gym.models.lm import LlamaSize, build_llama, load_tokenizer, parameter_count
+from rlvr_gym.models.lm import LlamaSize, build_llama, load_model, load_tokenizer, parameter_count
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
 from rlvr_gym.train.run import barrier, record_config, set_by_command, setup_processes
@@ -200,6 +201,10 @@ class TextGameRLVRConfig:
     """Prompts decoded together during evaluation."""
     seed: int = 0
     """Seed of the balancing sample and of the evaluation sample."""
+    surprise_prompts: float = 0.0
+    """Fraction of the prompts from transitions whose next state the starting model gets wrong (greedy, exact
+    match), repeated until they make it: RLVR weighted toward the steps where the simulator and the real game
+    disagree (the co-training loop's refits). 0 keeps the data's own mix."""
     resume: bool = False
     """Continue from the newest checkpoint in run_dir."""
     grpo: GRPOConfig = field(
@@ -212,16 +217,38 @@ class TextGameRLVRConfig:
     10-15% of the small model's samples did not parse, and RLVR gained less (+2% against +6% on changed transitions)."""
 
 
+def weight_toward(transitions: list, flags: list[bool], fraction: float) -> list:
+    """The transitions with the flagged ones repeated until they make at least `fraction` of the list (unchanged
+    when none or all are flagged)."""
+    flagged = [t for t, f in zip(transitions, flags) if f]
+    others = [t for t, f in zip(transitions, flags) if not f]
+    if not flagged or not others or len(flagged) >= fraction * len(transitions):
+        return list(transitions)
+    copies = math.ceil(fraction * len(others) / ((1 - fraction) * len(flagged)))
+    return flagged * copies + others
+
+
 def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
     """Improve a text world model with GRPO on the binary or task reward; returns the final model's directory."""
     if config.reward not in REWARDS:
         raise ValueError(f"unknown reward {config.reward!r}: use binary or task")
+    if not 0 <= config.surprise_prompts < 1:
+        raise ValueError(f"--surprise-prompts is a fraction in [0, 1), got {config.surprise_prompts}")
     root = Path(config.run_dir)
     d = setup_processes(config.grpo.threads)
     check_run(root, config, d.is_main)
     tokenizer = load_tokenizer(config.model)
     ratio = config.balance or DEFAULT_BALANCE[config.reward]
     train = load_training_transitions(config.data, config.textworld, ratio, config.seed, config.textworld_copies)
+    if config.surprise_prompts > 0:
+        model, _ = load_model(config.model)
+        # Prompts too long to train on are dropped below anyway: not worth predicting.
+        train = [t for t, p in zip(train, encode_prompts(tokenizer, train)) if len(p) <= config.max_prompt_tokens]
+        completions = [c[0] for c in sample_texts(model.eval(), tokenizer, encode_prompts(tokenizer, train),
+                                                  config.eval_batch_size, config.grpo.max_new_tokens)]
+        wrong = [r["score"] < 1 for r in binary_reward(completions, [t.current for t in train], [t.next for t in train])]
+        log.info("the starting model gets %d of %d training transitions wrong", sum(wrong), len(train))
+        train = weight_toward(train, wrong, config.surprise_prompts)
     examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.grpo.max_new_tokens)
     report_data(root, stats, d.is_main)
     # The trainer hands every column but prompt_ids to the reward: keep the two states it reads.
