@@ -1,19 +1,24 @@
 """Co-training: an agent trained inside a learned simulator that the agent's own real experience keeps refitting.
 
-    python -m agents.cotrain --checkpoint rt1-rlvr --task open_drawer --rounds 4 --out runs/cotrain/rt1-ppo
+    rlvr-gym train agent --env RLVRWorld-RT1-v0 --algo ppo --task open_drawer --rounds 4 --out runs/cotrain/rt1-ppo
+    rlvr-gym train agent --env RLVRWorld-TextGame-v0 --algo dqn --rounds 4 --out runs/cotrain/text-dqn
 
 An agent trained in a frozen learned simulator learns to trigger the simulator's success signal from states the
 world model never saw (`rlvr-gym probe`). Each round here closes that loop, as DIAMOND, MBPO and iVideoGPT's MBRL
 setup do, with RLVR in it:
-  (a) collect: the current agent acts in the real tabletop for `real_steps` steps (with exploration noise); the
-      episodes are written in the world model's own format (`rlvr_gym.data.episodes`);
-  (b) refit: the world model's transformer is fine-tuned by MLE on every agent episode so far (mixed with `replay`,
-      its original training data, when given), then by GRPO with the video reward on prompts from this round's
-      episodes, weighted toward the steps where the simulator was most wrong about the real next frame or its
-      success (`grpo_steps` 0 is the MLE-only ablation); the simulator then resets from the real start states the
-      agent has seen;
-  (c) agent: PPO goes on learning inside the refitted simulator for `sim_steps` steps;
-  (d) score: the agent in the real env from held-out start states, and in the learned env.
+  (a) collect: the current agent acts in the real env for `real_steps` steps (with exploration: Gaussian action
+      noise on the tabletop, a random candidate command with probability `exploration` in the text games); the
+      episodes are written in the world model's own data format (`rlvr_gym.data.episodes` shards, ByteSized32
+      transition records);
+  (b) refit: the world model is fine-tuned by MLE on every agent episode so far (mixed with `replay`, its original
+      training data, when given), then by GRPO with the domain's verifiable reward (video: -(L1 + LPIPS); text:
+      exact match of the next state) on prompts from this round's episodes, weighted toward the steps where the
+      simulator was most wrong about the real next frame, state or success (`grpo_steps` 0 is the MLE-only ablation);
+      the tabletop simulator then resets from the real start states the agent has seen (the text simulator's start
+      states are already the real games the agent plays);
+  (c) agent: the SB3 agent goes on learning inside the refitted simulator for `sim_steps` steps (batched sub-envs);
+  (d) score: the agent in the real env from held-out start states (tabletop) or a fixed set of the games (text),
+      and in the learned env from the same starts.
 Every real step, for data or scoring, counts towards `real_steps_total`. Each phase writes its outputs before
 `state.json` records it finished, so a killed run resumes at the phase it was in with nothing lost. Scalars go to
 TensorBoard and `rounds.jsonl`; each phase has a progress bar.
@@ -21,87 +26,99 @@ TensorBoard and `rounds.jsonl`; each phase has a progress bar.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
+import math
 import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from gymnasium.vector import AutoresetMode  # noqa: E402
-from stable_baselines3 import PPO  # noqa: E402
+from stable_baselines3 import DQN, PPO  # noqa: E402
 from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from agents.robot import DEFAULT_FRAME_SIZE, evaluate_in_real, make_sim_env  # noqa: E402
-from envs.robot import TASKS, RealRT1Env  # noqa: E402
-from rlvr_gym.data.episodes import SEEDS_PER_RUN, Episode, collect_episode, load_episodes, write_shards  # noqa: E402
-from rlvr_gym.data.robot import episode_codes, mle_examples, save_initial_states  # noqa: E402
-from rlvr_gym.evaluation.policies import Job, learned_rollouts, policy_frames, sb3_actor  # noqa: E402
 from rlvr_gym.files import atomic_write_text  # noqa: E402
 from rlvr_gym.logs import configure_logging  # noqa: E402
-from rlvr_gym.models.lm import load_model  # noqa: E402
-from rlvr_gym.models.robot_world_model import RobotWorldModel  # noqa: E402
-from rlvr_gym.sim.robot import DEFAULT_HORIZON, RT1WorldVectorEnv  # noqa: E402
 from rlvr_gym.train.grpo import GRPOConfig  # noqa: E402
-from rlvr_gym.train.robot import save_with_initial_states  # noqa: E402
-from rlvr_gym.train.rt1_rlvr import RT1RLVRConfig, run_rt1_rlvr  # noqa: E402
 from rlvr_gym.train.sft import SFTConfig, train_sft  # noqa: E402
 
 log = logging.getLogger(__name__)
 
+RT1_ENV = "RLVRWorld-RT1-v0"
+TEXT_ENV = "RLVRWorld-TextGame-v0"
+ALGOS = {RT1_ENV: ("ppo",), TEXT_ENV: ("dqn", "ppo")}
+DEFAULT_CHECKPOINTS = {RT1_ENV: "rt1-rlvr", TEXT_ENV: "textgame-rlvr"}
+DEFAULT_HORIZONS = {RT1_ENV: 50, TEXT_ENV: 30}
 PHASES = ("collect", "refit", "agent", "score")
 COLLECT_SEED_RUN = 8
-"""Real start states the agent collects data from: env seeds 8_000_000 + i (the scoring run is agents.robot's 9)."""
+"""Tabletop start states the agent collects data from: env seeds 8_000_000 + i (the scoring run is agents.robot's 9)."""
 
 
 @dataclass
 class CoTrainConfig:
     out: str = "runs/cotrain/rt1-ppo"
     """Run directory: state.json, rounds.jsonl, TensorBoard events, and round_NN/ with each phase's outputs."""
-    checkpoint: str = "rt1-rlvr"
-    """The world model the loop starts from: a shipped name or a directory."""
+    env: Literal["RLVRWorld-RT1-v0", "RLVRWorld-TextGame-v0"] = RT1_ENV
+    """The learned simulator the agent trains in; its real env gives the data and the scores."""
+    algo: Literal["ppo", "dqn"] = "ppo"
+    """SB3 algorithm: ppo for the tabletop; dqn or ppo for the text games."""
+    checkpoint: str = ""
+    """The world model the loop starts from: a shipped name or a directory; empty: rt1-rlvr / textgame-rlvr."""
     task: str = "open_drawer"
-    """The tabletop task the agent learns."""
+    """RT-1: the tabletop task the agent learns."""
     rounds: int = 4
     """Rounds of collect, refit, agent, score."""
     real_steps: int = 400
     """Real env steps the agent takes per round for data (whole episodes: the last one may end past it)."""
     exploration: float = 0.3
-    """Std of Gaussian noise on the agent's actions while it collects data (clipped to [-1, 1])."""
+    """While collecting: std of Gaussian noise on the actions (RT-1, clipped to [-1, 1]); probability of a uniformly
+    random candidate command instead of the agent's (text)."""
     eval_episodes: int = 8
-    """Real episodes per round that score the agent, from held-out start states (they count as real steps)."""
+    """Real episodes per round that score the agent (they count as real steps)."""
     sim_steps: int = 4096
     """Agent steps inside the learned simulator per round (summed over sub-envs)."""
     num_envs: int = 16
     """Sub-envs of the batched learned simulator."""
-    horizon: int = DEFAULT_HORIZON
-    """Steps per episode, real and learned."""
-    frame_size: int = DEFAULT_FRAME_SIZE
-    """Side of the block-averaged frames the agent sees."""
+    horizon: int = 0
+    """Steps per episode, real and learned; 0: the env's default (50 tabletop, 30 text)."""
+    frame_size: int = 32
+    """RT-1: side of the block-averaged frames the agent sees."""
     replay: str = ""
-    """An episode directory (the world model's training data) mixed into every MLE refit; empty: agent data only."""
+    """The world model's own training data, mixed into every MLE refit: an episode directory (RT-1) or a
+    ByteSized32-format JSONL(.gz) of transitions (text); empty: agent data only."""
     mle_steps: int = 60
-    """MLE steps of the transformer per refit."""
+    """MLE steps of the world model per refit."""
     mle_lr: float = 2e-4
     """MLE learning rate of the refit."""
     grpo_steps: int = 10
     """GRPO steps per refit after the MLE ones (0: MLE-only refits, the ablation)."""
     surprise_prompts: float = 0.5
     """Fraction of the GRPO prompts from the steps where the refitted simulator was most wrong about the real next
-    frame or its success (`RT1RLVRConfig.surprise_prompts`)."""
+    frame, state or success (`RT1RLVRConfig.surprise_prompts`, `TextGameRLVRConfig.surprise_prompts`)."""
     learning_rate: float = 3e-4
-    """PPO learning rate."""
+    """Agent learning rate."""
     n_steps: int = 32
     """PPO rollout length per sub-env."""
     seed: int = 0
-    """Seeds the agent, its exploration noise and the real start states' order."""
+    """Seeds the agent, its exploration and the real start states' order."""
+
+    @property
+    def world_checkpoint(self) -> str:
+        return self.checkpoint or DEFAULT_CHECKPOINTS[self.env]
+
+    @property
+    def steps_per_episode(self) -> int:
+        return self.horizon or DEFAULT_HORIZONS[self.env]
 
 
 @dataclass
@@ -113,14 +130,24 @@ class State:
     world: str = ""
     """The world model the agent trains in now."""
     collect_seed: int = 0
-    """The next real start state's index in the collection run."""
+    """The next real start state's index in the collection run (tabletop) or the list of games (text)."""
     history: list = field(default_factory=list)
+
+
+def resolve_world(config: CoTrainConfig) -> str:
+    if config.env == RT1_ENV:
+        from rlvr_gym.models.robot_world_model import RobotWorldModel
+
+        return str(RobotWorldModel.resolve(config.world_checkpoint))
+    from rlvr_gym.models.lm import resolve_checkpoint
+
+    return str(resolve_checkpoint(config.world_checkpoint))
 
 
 def load_state(config: CoTrainConfig, out: Path) -> State:
     path = out / "state.json"
     if not path.is_file():
-        return State(world=str(RobotWorldModel.resolve(config.checkpoint)))
+        return State(world=resolve_world(config))
     saved = json.loads(path.read_text())
     recorded = json.loads((out / "config.json").read_text())
     changed = {k for k, v in asdict(config).items() if recorded.get(k) != v and k != "rounds"}
@@ -135,12 +162,74 @@ def save_state(state: State, out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- phases
+# Each phase takes the config and the state; the domain's own part follows below.
 
 
-def collect(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> list[Episode]:
-    """(a) The agent, with exploration noise, in the real tabletop until `real_steps` steps; written to out."""
+def collect(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> None:
+    """(a) The agent, with exploration, in the real env until `real_steps` steps; written to out/real."""
+    steps = (collect_rt1 if config.env == RT1_ENV else collect_text)(agent, config, state, out)
+    state.real_steps_total += steps
+
+
+def refit(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
+    """(b) MLE on every agent episode so far (plus replay), then GRPO on this round's; returns the new world dir."""
+    return (refit_rt1 if config.env == RT1_ENV else refit_text)(config, state, out, run_dir)
+
+
+def make_agent(config: CoTrainConfig, world: str) -> tuple[BaseAlgorithm, object]:
+    """A fresh agent on the learned simulator of `world`, and that env."""
+    env = make_sim_env(config, world)
+    common = {"learning_rate": config.learning_rate, "seed": config.seed, "device": "cpu",
+              "policy_kwargs": {"net_arch": [64, 64]}, "verbose": 0}
+    if config.algo == "dqn":
+        # Target updates and learning start scaled to a loop's few thousand simulated steps per round.
+        agent = DQN("MlpPolicy", env, buffer_size=10_000, learning_starts=min(256, config.sim_steps // 2), batch_size=64,
+                    train_freq=1, target_update_interval=250, exploration_fraction=0.3, **common)
+    else:
+        agent = PPO("MlpPolicy", env, n_steps=config.n_steps, n_epochs=4,
+                    batch_size=min(128, config.n_steps * config.num_envs), **common)
+    return agent, env
+
+
+def make_sim_env(config: CoTrainConfig, world: str):
+    if config.env == RT1_ENV:
+        from agents.robot import make_sim_env as make_rt1_env
+
+        return make_rt1_env(world, config.num_envs, config.task, config.steps_per_episode, config.frame_size)
+    from rlvr_gym.sim.sb3 import SB3VecEnv
+    from rlvr_gym.sim.textgame import TextGameDiscreteVectorEnv
+
+    return SB3VecEnv(TextGameDiscreteVectorEnv(config.num_envs, world, max_steps=config.steps_per_episode,
+                                               autoreset_mode=AutoresetMode.DISABLED))
+
+
+def score_in_real(agent: BaseAlgorithm, config: CoTrainConfig, world: str) -> tuple[float, int]:
+    """(d) Real success rate over `eval_episodes`, and the real steps that took."""
+    if config.env == RT1_ENV:
+        from agents.robot import evaluate_in_real
+
+        real = evaluate_in_real(agent, config.eval_episodes, config.task, config.steps_per_episode)
+    else:
+        from agents.textgame import evaluate_in_real
+
+        real = evaluate_in_real(agent, world, config.eval_episodes, config.seed, config.steps_per_episode)
+    return real["success_rate"], int(round(real["mean_length"] * real["episodes"]))
+
+
+def learned_success(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
+    """The agent's success rate inside the learned simulator of `world`, from the starts it is scored from."""
+    return (learned_success_rt1 if config.env == RT1_ENV else learned_success_text)(agent, world, config, episodes)
+
+
+# ---------------------------------------------------------------------------------------------------- RT-1
+
+
+def collect_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> int:
+    from envs.robot import RealRT1Env
+    from rlvr_gym.data.episodes import SEEDS_PER_RUN, write_shards
+
     rng = np.random.default_rng([config.seed, state.round])
-    env = RealRT1Env(task=config.task, horizon=config.horizon)
+    env = RealRT1Env(task=config.task, horizon=config.steps_per_episode)
     episodes, steps = [], 0
     with tqdm(total=config.real_steps, desc=f"round {state.round}: collect (real)", unit="step", leave=False) as bar:
         while steps < config.real_steps:
@@ -151,13 +240,13 @@ def collect(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path
             bar.update(len(episodes[-1]))
     env.close()
     write_shards(episodes, out / "real", split="train", config={"round": state.round, "policy": "agent"}, overwrite=True)
-    state.real_steps_total += steps
-    return episodes
+    return steps
 
 
-def agent_episode(env: RealRT1Env, agent: BaseAlgorithm, seed: int, config: CoTrainConfig,
-                  rng: np.random.Generator) -> Episode:
-    """One real episode of the agent's deterministic action plus exploration noise."""
+def agent_episode(env, agent: BaseAlgorithm, seed: int, config: CoTrainConfig, rng: np.random.Generator):
+    """One real tabletop episode of the agent's deterministic action plus exploration noise."""
+    from rlvr_gym.data.episodes import collect_episode
+    from rlvr_gym.evaluation.policies import policy_frames
 
     def act(frame: np.ndarray, _info: dict) -> np.ndarray:
         action, _ = agent.predict(policy_frames(frame[None], config.frame_size), deterministic=True)
@@ -166,8 +255,14 @@ def agent_episode(env: RealRT1Env, agent: BaseAlgorithm, seed: int, config: CoTr
     return collect_episode(env, config.task, "agent", seed, act)
 
 
-def refit(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
-    """(b) MLE on every agent episode so far (plus replay), then GRPO on this round's; returns the new world dir."""
+def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
+    from rlvr_gym.data.episodes import load_episodes
+    from rlvr_gym.data.robot import episode_codes, mle_examples, save_initial_states
+    from rlvr_gym.models.lm import load_model
+    from rlvr_gym.models.robot_world_model import RobotWorldModel
+    from rlvr_gym.train.robot import save_with_initial_states
+    from rlvr_gym.train.rt1_rlvr import RT1RLVRConfig, run_rt1_rlvr
+
     world = RobotWorldModel.load(state.world)
     agent_data = [load_episodes(run_dir / f"round_{r:02d}" / "real") for r in range(state.round + 1)]
     seen = [e for episodes in agent_data for e in episodes]
@@ -192,9 +287,11 @@ def refit(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
     return str(rlvr_dir)
 
 
-def learned_success(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
-    """The agent's success rate inside the learned simulator, over `episodes` of its initial states in turn."""
-    venv = RT1WorldVectorEnv(num_envs=min(episodes, config.num_envs), checkpoint=world, horizon=config.horizon,
+def learned_success_rt1(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
+    from rlvr_gym.evaluation.policies import Job, learned_rollouts, sb3_actor
+    from rlvr_gym.sim.robot import RT1WorldVectorEnv
+
+    venv = RT1WorldVectorEnv(num_envs=min(episodes, config.num_envs), checkpoint=world, horizon=config.steps_per_episode,
                              task=config.task, autoreset_mode=AutoresetMode.DISABLED)
     actor = sb3_actor(agent)
     jobs = [Job(i % len(venv.sim.states), actor=actor) for i in range(episodes)]
@@ -203,25 +300,156 @@ def learned_success(agent: BaseAlgorithm, world: str, config: CoTrainConfig, epi
     return float(np.mean([success for success, _, _ in results]))
 
 
+# ---------------------------------------------------------------------------------------------------- text game
+
+
+def collect_text(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> int:
+    """The agent in the real TextWorld games of the world's start states, taken in turn; each step a ByteSized32
+    record (as `rlvr-gym collect textworld` writes them) in out/real/transitions.jsonl.gz."""
+    from agents.textgame import RealTextWorldDiscreteEnv
+    from envs.textworld import game_name
+    from envs.textworld.play import Transition
+    from rlvr_gym.data.textgame import textworld_record, write_transitions
+
+    rng = np.random.default_rng([config.seed, state.round])
+    n = int(agent.action_space.n)
+    env = RealTextWorldDiscreteEnv(state.world, config.steps_per_episode, max_candidates=n,
+                                   obs_dim=int(agent.observation_space.shape[0]))
+    records, steps = [], 0
+    with tqdm(total=config.real_steps, desc=f"round {state.round}: collect (real)", unit="step", leave=False) as bar:
+        while steps < config.real_steps:
+            index = state.collect_seed % len(env.starts)
+            state.collect_seed += 1
+            start = env.starts[index]
+            name = game_name(start.seed, start.nb_rooms, start.nb_objects, start.quest_length)
+            obs, info = env.reset(seed=config.seed, options={"index": index})
+            previous, done = "", False
+            while not done:
+                choices = min(len(info["candidates"]), n)
+                if choices and rng.random() < config.exploration:
+                    action = int(rng.integers(choices))
+                else:
+                    action = int(agent.predict(obs, deterministic=True)[0])
+                before = info["state"]
+                obs, reward, terminated, truncated, info = env.step(action)
+                step = Transition(before, info["command"], info["state"], reward, terminated, info["is_success"], [])
+                records.append(textworld_record(name, len(records), start.objective, previous, step))
+                previous, done = info["command"], terminated or truncated
+                steps += 1
+                bar.update()
+    env.close()
+    write_transitions(records, out / "real")
+    return steps
+
+
+def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
+    from rlvr_gym.data.bytesized32 import load_transitions
+    from rlvr_gym.data.textgame import TEXTWORLD_FILE, write_transitions
+    from rlvr_gym.train.textgame import TextGameRLVRConfig, TextGameSFTConfig, run_textgame_rlvr, run_textgame_sft
+
+    seen = []
+    for r in range(state.round + 1):
+        with gzip.open(run_dir / f"round_{r:02d}" / "real" / TEXTWORLD_FILE, "rt", encoding="utf-8") as f:
+            seen += [json.loads(line) for line in f]
+    seen_file = write_transitions(seen, out / "seen")
+    if config.replay:
+        # The agent's transitions at least as many as the replay's, so that the refit learns the games it plays.
+        copies = max(1, math.ceil(len(load_transitions(config.replay)) / len(seen)))
+        data, textworld = config.replay, str(out / "seen")
+    else:
+        data, textworld, copies = str(seen_file), "", 1
+    sft = TextGameSFTConfig(
+        run_dir=str(out / "mle"), data=data, textworld=textworld, textworld_copies=copies, eval_data="",
+        model=state.world, balance=None, eval_accuracy_examples=0, seed=config.seed,
+        resume=(out / "mle" / "checkpoints").exists(),
+        sft=SFTConfig(steps=config.mle_steps, lr=config.mle_lr, warmup_steps=min(10, config.mle_steps // 4),
+                      batch_size=8, micro_batch=4, save_every=max(config.mle_steps, 1), eval_examples=0),
+    )
+    mle_dir = with_start_states(run_textgame_sft(sft), state.world)
+    if config.grpo_steps == 0:
+        return str(mle_dir)
+    recipe = TextGameRLVRConfig(
+        run_dir=str(out / "rlvr"), model=str(mle_dir), data=str(out / "real" / TEXTWORLD_FILE), eval_data="",
+        eval_accuracy_examples=0, surprise_prompts=config.surprise_prompts, seed=config.seed,
+        resume=(out / "rlvr" / "checkpoints").exists(),
+        grpo=GRPOConfig(steps=config.grpo_steps, lr=5e-5, prompts_per_step=4, group_size=8, max_new_tokens=128,
+                        temperature=0.7, beta=0.0, micro_batch=8, save_every=max(config.grpo_steps, 1),
+                        seed=config.seed),
+    )
+    return str(with_start_states(run_textgame_rlvr(recipe), state.world))
+
+
+def with_start_states(model_dir: Path, world: str) -> Path:
+    """The refitted model beside its simulator's start states (and their real-env versions), copied from `world`."""
+    from rlvr_gym.data.real_env_versions import REAL_ENV_FILE
+    from rlvr_gym.sim.textgame import START_STATES
+
+    for name in (START_STATES, REAL_ENV_FILE):
+        if (Path(world) / name).is_file():
+            shutil.copy2(Path(world) / name, Path(model_dir) / name)
+    return Path(model_dir)
+
+
+def learned_success_text(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
+    """From the games `agents.textgame.evaluate_in_real` scores the agent on, in the same order."""
+    from rlvr_gym.sim.textgame import TextGameDiscreteVectorEnv, load_start_states
+
+    order = np.random.default_rng(config.seed).permutation(len(load_start_states(world)))
+    games = [int(order[e % len(order)]) for e in range(episodes)]
+    width = min(episodes, config.num_envs)
+    venv = TextGameDiscreteVectorEnv(width, world, max_steps=config.steps_per_episode,
+                                     max_candidates=int(agent.action_space.n),
+                                     obs_dim=int(agent.observation_space.shape[0]))
+    wins = []
+    for first in range(0, episodes, width):
+        chunk = games[first : first + width]
+        obs, _ = venv.reset(seed=config.seed, options={"index": chunk + [chunk[0]] * (width - len(chunk))})
+        won = np.zeros(width, dtype=bool)
+        ended = np.zeros(width, dtype=bool)
+        while not ended[: len(chunk)].all():
+            obs, _, terminated, truncated, infos = venv.step(np.asarray(agent.predict(obs, deterministic=True)[0]))
+            won |= ~ended & infos["is_success"]
+            ended |= terminated | truncated
+        wins += won[: len(chunk)].tolist()
+    venv.close()
+    return float(np.mean(wins))
+
+
 # ---------------------------------------------------------------------------------------------------- the loop
 
 
-def make_agent(config: CoTrainConfig, world: str) -> tuple[BaseAlgorithm, object]:
-    env = make_sim_env(world, config.num_envs, config.task, config.horizon, config.frame_size)
-    agent = PPO("MlpPolicy", env, n_steps=config.n_steps, n_epochs=4, batch_size=min(128, config.n_steps * config.num_envs),
-                learning_rate=config.learning_rate,
-                seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
-    return agent, env
-
-
 def check_config(config: CoTrainConfig) -> None:
-    if config.task not in TASKS:
-        raise ValueError(f"unknown task {config.task!r}: use one of {TASKS}")
-    for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "horizon", "n_steps"):
+    if config.env not in ALGOS:
+        raise ValueError(f"unknown --env {config.env!r}: use one of {sorted(ALGOS)}")
+    if config.algo not in ALGOS[config.env]:
+        raise ValueError(f"--algo {config.algo} does not fit {config.env}: use one of {ALGOS[config.env]}")
+    if config.env == RT1_ENV:
+        from envs.robot import TASKS
+
+        if config.task not in TASKS:
+            raise ValueError(f"unknown task {config.task!r}: use one of {TASKS}")
+    for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "n_steps"):
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
-    if config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0:
-        raise ValueError("--mle-steps must be >= 1, --grpo-steps and --exploration >= 0")
+    if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0:
+        raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps and --exploration >= 0")
+    if config.env == TEXT_ENV and config.exploration > 1:
+        raise ValueError(f"--exploration is a probability for the text games, got {config.exploration}")
+
+
+def load_agent(config: CoTrainConfig, path: Path, env) -> BaseAlgorithm:
+    agent = (DQN if config.algo == "dqn" else PPO).load(path, env=env, device="cpu")
+    if config.algo == "dqn" and path.with_name("replay_buffer.pkl").is_file():
+        agent.load_replay_buffer(path.with_name("replay_buffer.pkl"))
+    return agent
+
+
+def save_agent(agent: BaseAlgorithm, round_dir: Path, out: Path) -> None:
+    """The round's agent, then the run's current one (with DQN's replay buffer, so a resumed run loses none)."""
+    agent.save(round_dir / "agent.zip")
+    if isinstance(agent, DQN):
+        agent.save_replay_buffer(out / "replay_buffer.pkl")
+    shutil.copy2(round_dir / "agent.zip", out / "agent.zip")
 
 
 def run_cotrain(config: CoTrainConfig) -> dict:
@@ -233,10 +461,9 @@ def run_cotrain(config: CoTrainConfig) -> dict:
     state = load_state(config, out)
     atomic_write_text(out / "config.json", json.dumps(asdict(config), indent=1))
     writer = SummaryWriter(str(out / "tensorboard"))
-    agent_path = out / "agent.zip"
     agent, env = make_agent(config, state.world)
-    if agent_path.is_file():
-        agent = PPO.load(agent_path, env=env, device="cpu")
+    if (out / "agent.zip").is_file():
+        agent = load_agent(config, out / "agent.zip", env)
     while state.round < config.rounds:
         round_dir = out / f"round_{state.round:02d}"
         round_dir.mkdir(exist_ok=True)
@@ -251,22 +478,21 @@ def run_cotrain(config: CoTrainConfig) -> dict:
             save_state(state, out)
         if state.phase == "agent":
             env.close()
-            env = make_sim_env(state.world, config.num_envs, config.task, config.horizon, config.frame_size)
+            env = make_sim_env(config, state.world)
             agent.set_env(env)
-            rollout = config.n_steps * config.num_envs  # PPO learns in whole rollouts
-            with tqdm(total=-(-config.sim_steps // rollout) * rollout, desc=f"round {state.round}: agent (learned sim)",
-                      unit="step", leave=False) as bar:
+            # PPO learns in whole rollouts
+            total = -(-config.sim_steps // (config.n_steps * env.num_envs)) * config.n_steps * env.num_envs \
+                if config.algo == "ppo" else config.sim_steps
+            with tqdm(total=total, desc=f"round {state.round}: agent (learned sim)", unit="step", leave=False) as bar:
                 agent.learn(config.sim_steps, reset_num_timesteps=False,
                             callback=lambda *_: bar.update(env.num_envs) or True)
-            agent.save(round_dir / "agent.zip")
-            shutil.copy2(round_dir / "agent.zip", agent_path)
+            save_agent(agent, round_dir, out)
             state.phase = "score"
             save_state(state, out)
         if state.phase == "score":
-            real = evaluate_in_real(agent, config.eval_episodes, config.task, config.horizon)
-            state.real_steps_total += int(round(real["mean_length"] * real["episodes"]))
-            record = {"round": state.round, "real_steps_total": state.real_steps_total,
-                      "real_success": real["success_rate"],
+            real_success, real_steps = score_in_real(agent, config, state.world)
+            state.real_steps_total += real_steps
+            record = {"round": state.round, "real_steps_total": state.real_steps_total, "real_success": real_success,
                       "learned_success": learned_success(agent, state.world, config, config.eval_episodes),
                       "agent_steps": int(agent.num_timesteps), "world": state.world,
                       "seconds": round(time.perf_counter() - started, 1)}

@@ -155,7 +155,7 @@ def evaluate_in_real(
     order, cycling) with an SB3 model (deterministic `predict`, the wrapper sizes read from its spaces) or a function
     `(obs, info) -> action` (default sizes).
 
-    Returns `success_rate` (games won), `mean_return` (score gained) and `episodes`.
+    Returns `success_rate` (games won), `mean_return` (score gained), `mean_length` (steps) and `episodes`.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
@@ -164,7 +164,7 @@ def evaluate_in_real(
     sizes = {"max_candidates": int(policy.action_space.n), "obs_dim": int(policy.observation_space.shape[0])} if is_model else {}
     env = RealTextWorldDiscreteEnv(checkpoint, max_steps, game_dir=game_dir, **sizes)
     order = np.random.default_rng(seed).permutation(len(env.starts))
-    wins, returns = [], []
+    wins, returns, lengths = [], [], []
     try:
         for e in range(episodes):
             obs, info = env.reset(seed=seed + e, options={"index": int(order[e % len(order)])})
@@ -176,6 +176,8 @@ def evaluate_in_real(
                 done = terminated or truncated
             wins.append(info["is_success"])
             returns.append(total)
+            lengths.append(info["step"])
     finally:
         env.close()
-    return {"success_rate": float(np.mean(wins)), "mean_return": float(np.mean(returns)), "episodes": episodes}
+    return {"success_rate": float(np.mean(wins)), "mean_return": float(np.mean(returns)),
+            "mean_length": float(np.mean(lengths)), "episodes": episodes}

@@ -62,6 +62,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "evaluate-policies textgame": ("rlvr_gym.evaluation.textgame_policies", "TextGamePolicyEvalConfig",
                                    "run_textgame_policy_eval",
                                    "a ladder of text policies scored in real TextWorld and the learned text env"),
+    "train agent": ("agents.cotrain", "CoTrainConfig", "run_cotrain",
+                    "co-training: an SB3 agent in a learned sim that its own real experience refits (MLE + GRPO)"),
     "ship": ("rlvr_gym.ship", "ShipConfig", "ship",
              "fp16 copy of a text or web world model with the real start states its learned env resets to"),
     "export": ("rlvr_gym.integrations.export", "ExportConfig", "export",

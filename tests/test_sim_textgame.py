@@ -1,6 +1,7 @@
 import json
 import shutil
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -334,9 +335,11 @@ def test_evaluate_in_real_scores_the_walkthrough_and_a_do_nothing_policy(no_chan
         return info["candidates"].index(plan[info["step"]])
 
     result = evaluate_in_real(walkthrough, no_change_checkpoint, episodes=2, seed=0, game_dir=game_dir)
-    assert result == {"success_rate": 1.0, "mean_return": np.mean([s.max_score for s in starts]), "episodes": 2}
+    order = np.random.default_rng(0).permutation(len(starts))[:2]
+    assert result == {"success_rate": 1.0, "mean_return": np.mean([s.max_score for s in starts]),
+                      "mean_length": np.mean([len(starts[i].walkthrough) for i in order]), "episodes": 2}
     idle = evaluate_in_real(lambda obs, info: 31, no_change_checkpoint, episodes=1, seed=0, max_steps=3, game_dir=game_dir)
-    assert idle == {"success_rate": 0.0, "mean_return": 0.0, "episodes": 1}
+    assert idle == {"success_rate": 0.0, "mean_return": 0.0, "mean_length": 3.0, "episodes": 1}
 
 
 def test_an_sb3_model_trained_in_the_sim_is_scored_in_real(no_change_checkpoint, game_dir):
@@ -346,3 +349,33 @@ def test_an_sb3_model_trained_in_the_sim_is_scored_in_real(no_change_checkpoint,
     model = DQN("MlpPolicy", env, learning_starts=8, buffer_size=64, train_freq=4, seed=0).learn(24)
     result = evaluate_in_real(model, no_change_checkpoint, episodes=2, seed=0, max_steps=4, game_dir=game_dir)
     assert result["episodes"] == 2 and 0.0 <= result["success_rate"] <= 1.0 and result["mean_return"] >= 0.0
+
+
+def test_cotraining_in_the_text_game_refits_on_the_agents_real_transitions(no_change_checkpoint, tmp_path,
+                                                                             monkeypatch):
+    import gzip
+
+    from agents import cotrain
+    from rlvr_gym.models.lm import load_model
+
+    monkeypatch.chdir(tmp_path)  # the real games compile into ./runs/textworld_games
+    config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), env=cotrain.TEXT_ENV, algo="dqn",
+                                   checkpoint=str(no_change_checkpoint), rounds=1, real_steps=6, eval_episodes=2,
+                                   sim_steps=16, num_envs=2, horizon=3, mle_steps=2, grpo_steps=1)
+    first = cotrain.run_cotrain(config)
+    with gzip.open(tmp_path / "run" / "round_00" / "real" / "transitions.jsonl.gz", "rt") as f:
+        records = [json.loads(line) for line in f]
+    assert len(records) >= 6 and all({"current_state", "action_state", "next_score_state"} <= set(r) for r in records)
+    starts = load_start_states(no_change_checkpoint)
+    assert {r["current_state"]["taskDesc"] for r in records} <= {s.objective for s in starts}
+    assert len(records) < first["real_steps_total"] <= len(records) + 2 * 3  # the two scoring episodes count too
+    assert 0 <= first["real_success"] <= 1 and 0 <= first["learned_success"] <= 1 and first["agent_steps"] >= 16
+    # The refitted world model (SFT then GRPO) moved, and its simulator starts from the same real games.
+    assert load_start_states(first["world"]) == starts and "rlvr" in first["world"]
+    before, after = load_model(no_change_checkpoint)[0].state_dict(), load_model(first["world"])[0].state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert (tmp_path / "run" / "replay_buffer.pkl").is_file()
+    second = cotrain.run_cotrain(replace(config, rounds=2))  # resumed: the agent and its replay buffer reloaded
+    assert second["round"] == 1 and second["agent_steps"] >= 32 and second["real_steps_total"] > first["real_steps_total"]
+    with pytest.raises(ValueError, match="does not fit"):
+        cotrain.run_cotrain(cotrain.CoTrainConfig(out=str(tmp_path / "x"), env=cotrain.RT1_ENV, algo="dqn"))

@@ -210,12 +210,7 @@ def collect_textworld(
             skipped.append(game_seed)
             continue
         records += game_records
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / TEXTWORLD_FILE
-    tmp = out / f".{TEXTWORLD_FILE}.tmp"
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(tmp, target)
+    target = write_transitions(records, out)
     manifest = {
         "seeds": [s for s in range(seed, seed + games) if s not in skipped],
         "skipped_seeds": skipped,
@@ -227,6 +222,18 @@ def collect_textworld(
     }
     atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2))
     log.info("wrote %d TextWorld transitions from %d games to %s", len(records), games - len(skipped), target)
+    return target
+
+
+def write_transitions(records: Sequence[dict], out: str | os.PathLike) -> Path:
+    """ByteSized32 records to OUT/transitions.jsonl.gz (what `textworld_file` finds), written atomically."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / TEXTWORLD_FILE
+    tmp = out / f".{TEXTWORLD_FILE}.tmp"
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    os.replace(tmp, target)
     return target
 
 
