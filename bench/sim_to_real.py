@@ -2,13 +2,15 @@
 
     rlvr-gym collect rt1 --out runs/rt1/replay --episodes 200 --seed 1 --workers 2   # the models' own training run
     python -m bench.sim_to_real --replay runs/rt1/replay  # writes runs/bench/sim_to_real.{md,json,png}
+    python -m bench.sim_to_real --tasks text --seeds 0 1 2 --rounds 3 --real-steps 200 --sim-steps 1024   # the text games
     python -m bench.sim_to_real --tasks open_drawer --seeds 0 --rounds 1 --real-steps 100 --sim-steps 512   # a smoke run
 
-Arms, each from the same seeds, each point its real success from held-out start states against the real env steps
-it has taken so far (data and scoring alike):
+"Tasks" are tabletop tasks (PPO in RLVRWorld-RT1-v0) and `text` (DQN in RLVRWorld-TextGame-v0 on its 32 games).
+Arms, each from the same seeds, each point its real success against the real env steps it has taken so far (data
+and scoring alike):
 - `loop`: `agents.cotrain` (refits by MLE, then GRPO);  `loop-mle`: the same with MLE-only refits (`--grpo-steps 0`);
-- `frozen`: PPO in the frozen starting simulator for as many simulated steps, real steps spent on scoring only;
-- `real-1x` / `real-10x`: PPO in the real tabletop with the loop's real-step budget and ten times it.
+- `frozen`: the agent in the frozen starting simulator for as many simulated steps, real steps spent on scoring only;
+- `real-1x` / `real-10x`: the same SB3 algorithm in the real env with the loop's real-step budget and ten times it.
 Reported: final real success per arm with a 95% interval over seeds (t), the real steps at which each arm first
 reaches the real-env baseline's final success (sample efficiency), and the loop's learned-vs-real success gap.
 """
@@ -27,15 +29,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from stable_baselines3 import PPO
+from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
-from agents.cotrain import CoTrainConfig, learned_success, make_agent, run_cotrain
-from agents.robot import VecFrames, evaluate_in_real
-from envs.robot import RealRT1Env
+from agents.cotrain import (
+    RT1_ENV,
+    TEXT_ENV,
+    CoTrainConfig,
+    learned_success,
+    make_agent,
+    resolve_world,
+    run_cotrain,
+    score_in_real,
+)
 from rlvr_gym.evaluation.report import markdown_table
-from rlvr_gym.models.robot_world_model import RobotWorldModel
 
 OUT = Path("runs/bench")
 T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
@@ -50,7 +58,8 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 
 class RealScoring(BaseCallback):
-    """Scores a real-env PPO agent every `every` training steps; each point counts training and scoring steps."""
+    """Scores an agent training in the real env every `every` training steps; each point counts training and
+    scoring steps."""
 
     def __init__(self, every: int, config: CoTrainConfig):
         super().__init__()
@@ -59,20 +68,38 @@ class RealScoring(BaseCallback):
     def _on_step(self) -> bool:
         if self.num_timesteps >= self.next:
             self.next += self.every
-            real = evaluate_in_real(self.model, self.config.eval_episodes, self.config.task, self.config.horizon)
-            self.scoring_steps += int(round(real["mean_length"] * real["episodes"]))
-            self.points.append({"real_steps_total": self.num_timesteps + self.scoring_steps,
-                                "real_success": real["success_rate"]})
+            success, steps = score_in_real(self.model, self.config, resolve_world(self.config))
+            self.scoring_steps += steps
+            self.points.append({"real_steps_total": self.num_timesteps + self.scoring_steps, "real_success": success})
         return True
 
 
+def real_env(config: CoTrainConfig):
+    """The real env as the agent sees it in the learned one (frames block-averaged; the text games' discrete spaces)."""
+    if config.env == RT1_ENV:
+        from agents.robot import VecFrames
+        from envs.robot import RealRT1Env
+
+        return VecFrames(VecMonitor(DummyVecEnv([lambda: RealRT1Env(task=config.task, horizon=config.steps_per_episode)])),
+                         config.frame_size)
+    from agents.textgame import RealTextWorldDiscreteEnv
+
+    world = resolve_world(config)
+    return VecMonitor(DummyVecEnv([lambda: RealTextWorldDiscreteEnv(world, config.steps_per_episode)]))
+
+
 def real_arm(config: CoTrainConfig, budget: int, points: int) -> list[dict]:
-    """PPO in the real tabletop until `budget` real steps (training plus scoring), scored `points` times."""
-    env = VecFrames(VecMonitor(DummyVecEnv([lambda: RealRT1Env(task=config.task, horizon=config.horizon)])),
-                    config.frame_size)
-    agent = PPO("MlpPolicy", env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.learning_rate,
-                seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
-    scoring = config.eval_episodes * config.horizon  # an upper bound of each scoring's steps
+    """The loop's SB3 algorithm in the real env until `budget` real steps (training plus scoring), scored `points`
+    times."""
+    env = real_env(config)
+    if config.algo == "dqn":
+        agent = DQN("MlpPolicy", env, buffer_size=10_000, learning_starts=256, batch_size=64, train_freq=1,
+                    target_update_interval=250, exploration_fraction=0.3, learning_rate=config.learning_rate,
+                    seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
+    else:
+        agent = PPO("MlpPolicy", env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.learning_rate,
+                    seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
+    scoring = config.eval_episodes * config.steps_per_episode  # an upper bound of each scoring's steps
     every = max((budget - points * scoring) // points, 256)
     callback = RealScoring(every, config)
     agent.learn(every * points, callback=callback)
@@ -81,16 +108,16 @@ def real_arm(config: CoTrainConfig, budget: int, points: int) -> list[dict]:
 
 
 def frozen_arm(config: CoTrainConfig) -> list[dict]:
-    """PPO in the frozen starting simulator, scored after each round's worth of simulated steps."""
-    agent, env = make_agent(config, config.checkpoint)
+    """The agent in the frozen starting simulator, scored after each round's worth of simulated steps."""
+    world = resolve_world(config)
+    agent, env = make_agent(config, world)
     points, real_steps = [], 0
     for _ in range(config.rounds):
         agent.learn(config.sim_steps, reset_num_timesteps=False)
-        real = evaluate_in_real(agent, config.eval_episodes, config.task, config.horizon)
-        real_steps += int(round(real["mean_length"] * real["episodes"]))
-        points.append({"real_steps_total": real_steps, "real_success": real["success_rate"],
-                       "learned_success": learned_success(agent, str(RobotWorldModel.resolve(config.checkpoint)),
-                                                          config, config.eval_episodes)})
+        success, steps = score_in_real(agent, config, world)
+        real_steps += steps
+        points.append({"real_steps_total": real_steps, "real_success": success,
+                       "learned_success": learned_success(agent, world, config, config.eval_episodes)})
     env.close()
     return points
 
@@ -101,24 +128,30 @@ def first_reaching(points: list[dict], target: float) -> int | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", default="rt1-rlvr")
-    parser.add_argument("--tasks", nargs="+", default=["open_drawer", "close_drawer"])
+    parser.add_argument("--checkpoint", default="rt1-rlvr", help="the tabletop world model")
+    parser.add_argument("--text-checkpoint", default="textgame-rlvr", help="the text world model")
+    parser.add_argument("--tasks", nargs="+", default=["open_drawer", "close_drawer", "text"],
+                        help="tabletop tasks, and `text` for the text games")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--real-steps", type=int, default=400)
     parser.add_argument("--sim-steps", type=int, default=4096)
     parser.add_argument("--eval-episodes", type=int, default=8)
+    parser.add_argument("--mle-steps", type=int, default=60)
     parser.add_argument("--grpo-steps", type=int, default=10)
-    parser.add_argument("--replay", default="", help="episodes mixed into every MLE refit (`rlvr-gym collect rt1`)")
+    parser.add_argument("--replay", default="", help="episodes mixed into every tabletop refit (`rlvr-gym collect rt1`)")
+    parser.add_argument("--text-replay", default="", help="ByteSized32-format transitions mixed into every text refit")
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs: dict = {}
     for task in args.tasks:
         for seed in args.seeds:
-            base = CoTrainConfig(out=str(OUT / "sim_to_real" / task / f"loop-{seed}"), checkpoint=args.checkpoint,
-                                 task=task, rounds=args.rounds, real_steps=args.real_steps, sim_steps=args.sim_steps,
-                                 eval_episodes=args.eval_episodes, grpo_steps=args.grpo_steps, replay=args.replay,
-                                 seed=seed)
+            domain = {"env": TEXT_ENV, "algo": "dqn", "checkpoint": args.text_checkpoint, "replay": args.text_replay} \
+                if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
+                                        "replay": args.replay}
+            base = CoTrainConfig(out=str(OUT / "sim_to_real" / task / f"loop-{seed}"), rounds=args.rounds,
+                                 real_steps=args.real_steps, sim_steps=args.sim_steps, eval_episodes=args.eval_episodes,
+                                 mle_steps=args.mle_steps, grpo_steps=args.grpo_steps, seed=seed, **domain)
             arms = {"loop": base, "loop-mle": replace(base, out=base.out.replace("loop-", "loop-mle-"), grpo_steps=0)}
             curves = {}
             for name, config in arms.items():
@@ -166,13 +199,15 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
         loop = interval([c["loop"][-1]["real_success"] for c in by_seed.values()])[0]
         mle = interval([c["loop-mle"][-1]["real_success"] for c in by_seed.values()])[0]
         real1 = interval([c["real-1x"][-1]["real_success"] for c in by_seed.values()])[0]
-        lines.append(f"- {task}: the loop ends at {loop:.2f} real success against {real1:.2f} for PPO in the real env "
+        lines.append(f"- {task}: the loop ends at {loop:.2f} real success against {real1:.2f} for the agent in the real env "
                      f"with the same real steps ({'ahead' if loop > real1 else 'not ahead'}); RLVR refits "
                      f"{'beat' if loop > mle else 'do not beat'} MLE-only refits ({loop:.2f} against {mle:.2f}).")
-    report = [f"# Sim-to-real: the co-training loop against real-env PPO ({', '.join(runs)}; seeds {args.seeds})", "",
-              f"World model {args.checkpoint}; {args.rounds} rounds of {args.real_steps} real data steps and "
-              f"{args.sim_steps} simulated agent steps, {args.eval_episodes} held-out real episodes per score. "
-              "Intervals: 95% t over seeds.", "", markdown_table(rows), "", *lines, "", "![curves](sim_to_real.png)", ""]
+    report = [f"# Sim-to-real: the co-training loop against the same agent in the real env ({', '.join(runs)}; "
+              f"seeds {args.seeds})", "",
+              f"World models {args.checkpoint} (tabletop, PPO) and {args.text_checkpoint} (text, DQN); {args.rounds} "
+              f"rounds of {args.real_steps} real data steps, {args.mle_steps} MLE and {args.grpo_steps} GRPO steps of "
+              f"refit and {args.sim_steps} simulated agent steps; {args.eval_episodes} real episodes per score "
+              "(tabletop: held-out starts; text: the same games each time). Intervals: 95% t over seeds.", "", markdown_table(rows), "", *lines, "", "![curves](sim_to_real.png)", ""]
     (OUT / "sim_to_real.md").write_text("\n".join(report))
     print("\n".join(report))
 
