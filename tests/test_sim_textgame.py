@@ -19,13 +19,17 @@ from rlvr_gym.domains.textgame import format_prompt, states_match
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.sim.textgame import (
     CHARSET,
+    COMMAND_VERBS,
     HELD_OUT_SEED,
     NOOP_COMMAND,
+    SLOT_FEATURES,
     START_STATES,
     TextGameDiscreteEnv,
     TextGameDiscreteVectorEnv,
     TextGameWorldEnv,
     candidate_commands,
+    command_features,
+    discrete_spaces,
     encode_observation,
     load_start_states,
     open_real_game,
@@ -180,12 +184,22 @@ def test_rendering_stays_in_the_observation_space_for_any_predicted_text(start_f
 
 def test_observation_encoding_marks_candidates_and_tells_states_apart(start_file):
     first, second = (s["state"] for s in json.loads(start_file.read_text())["start_states"])
-    a = encode_observation(first, "goal", candidate_commands(first), 0.5, obs_dim=128, max_candidates=16)
-    b = encode_observation(second, "goal", candidate_commands(second), 0.5, obs_dim=128, max_candidates=16)
-    assert a.shape == (128,) and a.dtype == np.float32 and a.min() >= 0 and a.max() <= 1
-    assert a[111:127].sum() == min(len(candidate_commands(first)), 16) and a[-1] == 0.5
-    assert not np.array_equal(a[:111], b[:111])
-    np.testing.assert_array_equal(a, encode_observation(first, "goal", candidate_commands(first), 0.5, 128, 16))
+    a = encode_observation(first, "goal", candidate_commands(first), 0.5, obs_dim=384, max_candidates=16)
+    b = encode_observation(second, "goal", candidate_commands(second), 0.5, obs_dim=384, max_candidates=16)
+    bag = 384 - 16 * SLOT_FEATURES - 1
+    assert a.shape == (384,) and a.dtype == np.float32 and a.min() >= 0 and a.max() <= 1
+    slots = a[bag:-1].reshape(16, SLOT_FEATURES)
+    assert slots[:, 0].sum() == min(len(candidate_commands(first)), 16) and a[-1] == 0.5
+    assert not np.array_equal(a[:bag], b[:bag])
+    np.testing.assert_array_equal(a, encode_observation(first, "goal", candidate_commands(first), 0.5, 384, 16))
+    # Each slot says its command's verb and how its words meet the objective's.
+    words = "first go east then take the red key from the table".split()
+    east, key, look = (command_features(c, words) for c in ("go east", "take red key from table", "look"))
+    assert east[1 + COMMAND_VERBS.index("go")] == 1 and east[-2] == 1.0 and east[-1] == words.index("east") / len(words)
+    assert key[1 + COMMAND_VERBS.index("take")] == 1 and key[-2] == 1.0 and key[-1] == words.index("red") / len(words)
+    assert look[-2] == 0.0 and look[-1] == 1.0
+    with pytest.raises(ValueError, match="candidate slots"):
+        discrete_spaces(max_candidates=16, obs_dim=16 * SLOT_FEATURES + 1)
 
 
 # ---------------------------------------------------------------------------------------------------- learned env
@@ -196,7 +210,7 @@ def test_raw_env_passes_gymnasium_check_env(no_change_checkpoint):
 
 
 def test_discrete_env_passes_gymnasium_and_sb3_check_env(no_change_checkpoint):
-    env = TextGameDiscreteEnv(TextGameWorldEnv(no_change_checkpoint, max_steps=5), max_candidates=16, obs_dim=128)
+    env = TextGameDiscreteEnv(TextGameWorldEnv(no_change_checkpoint, max_steps=5), max_candidates=16, obs_dim=384)
     quiet_check_env(env)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -266,7 +280,7 @@ def test_discrete_actions_past_the_candidate_list_send_look(no_change_checkpoint
 @pytest.mark.parametrize("checkpoint", ["no_change_checkpoint", "garbage_checkpoint"])
 def test_vector_env_steps_as_the_single_envs_do(checkpoint, request):
     checkpoint = request.getfixturevalue(checkpoint)
-    kwargs = dict(max_candidates=16, obs_dim=128)
+    kwargs = dict(max_candidates=16, obs_dim=384)
     venv = TextGameDiscreteVectorEnv(3, checkpoint, max_steps=2, max_new_tokens=16, **kwargs)
     singles = [TextGameDiscreteEnv(TextGameWorldEnv(checkpoint, max_steps=2, max_new_tokens=16), **kwargs) for _ in range(3)]
     obs, infos = venv.reset(seed=5)

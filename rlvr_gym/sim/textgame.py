@@ -54,7 +54,7 @@ MAX_OBSERVATION_CHARS = 8192
 MAX_COMMAND_CHARS = 256
 CHARSET = frozenset(string.ascii_letters + string.digits + string.punctuation + " \n")
 DEFAULT_MAX_CANDIDATES = 32
-DEFAULT_OBS_DIM = 512
+DEFAULT_OBS_DIM = 1024
 
 _ID_SUFFIX = re.compile(r"^(.*) \(ID: -?\d+\)$", re.DOTALL)
 _DIRECTIONS = ("north", "south", "east", "west")
@@ -250,6 +250,30 @@ def observation_features(state: State, objective: str) -> set[str]:
     return features
 
 
+COMMAND_VERBS = ("go", "take", "drop", "put", "insert", "open", "close", "lock", "unlock", "eat", "examine",
+                 "inventory", "look")
+"""The first words of `candidate_commands`: one feature each in a candidate slot."""
+SLOT_FEATURES = 1 + len(COMMAND_VERBS) + 2
+"""Per candidate slot: valid, the verb (one-hot), the share of the command's other words found in the objective,
+and where in the objective the first of them appears (1 when none does)."""
+_FILLER_WORDS = frozenset({"from", "on", "into", "with", "the", "a", "an"})
+
+
+def command_features(command: str, objective_words: Sequence[str]) -> np.ndarray:
+    """A candidate slot's features (SLOT_FEATURES): what a policy needs to tell commands apart across games, where
+    the same index names different commands: the verb, and how the command's words meet the objective's."""
+    words = command.lower().split()
+    x = np.zeros(SLOT_FEATURES, dtype=np.float32)
+    x[0] = 1.0
+    if words and words[0] in COMMAND_VERBS:
+        x[1 + COMMAND_VERBS.index(words[0])] = 1.0
+    content = [w for w in words[1:] if w not in _FILLER_WORDS]
+    found = [objective_words.index(w) for w in content if w in objective_words]
+    x[-2] = len(found) / len(content) if content else 0.0
+    x[-1] = min(found) / max(len(objective_words), 1) if found else 1.0
+    return x
+
+
 def encode_observation(
     state: State,
     objective: str,
@@ -259,13 +283,16 @@ def encode_observation(
     max_candidates: int = DEFAULT_MAX_CANDIDATES,
 ) -> np.ndarray:
     """The discrete wrappers' float32 observation of length `obs_dim`, values in [0, 1]:
-    `[0, obs_dim - max_candidates - 1)` a hashed set of `observation_features` (CRC32, stable across processes),
-    then one slot per candidate index (1 where that index names a command), then the fraction of max_steps done."""
-    bag = obs_dim - max_candidates - 1
+    `[0, obs_dim - max_candidates * SLOT_FEATURES - 1)` a hashed set of `observation_features` (CRC32, stable across
+    processes), then for each candidate index its `command_features` (zeros past the list), then the fraction of
+    max_steps done."""
+    bag = obs_dim - max_candidates * SLOT_FEATURES - 1
     x = np.zeros(obs_dim, dtype=np.float32)
     for feature in observation_features(state, objective):
         x[stable_bucket(feature, bag)] = 1.0
-    x[bag : bag + min(len(candidates), max_candidates)] = 1.0
+    objective_words = re.findall(r"[a-z0-9]+", objective.lower())
+    for i, command in enumerate(candidates[:max_candidates]):
+        x[bag + i * SLOT_FEATURES : bag + (i + 1) * SLOT_FEATURES] = command_features(command, objective_words)
     x[-1] = min(max(step_fraction, 0.0), 1.0)
     return x
 
@@ -278,9 +305,9 @@ def command_for(action: Any, candidates: Sequence[str], action_space: gym.spaces
 
 
 def discrete_spaces(max_candidates: int, obs_dim: int) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
-    if max_candidates < 1 or obs_dim < max_candidates + 2:
-        raise ValueError(f"need max_candidates >= 1 and obs_dim >= max_candidates + 2 (room for hashed features), "
-                         f"got max_candidates={max_candidates}, obs_dim={obs_dim}")
+    if max_candidates < 1 or obs_dim < max_candidates * SLOT_FEATURES + 2:
+        raise ValueError(f"need max_candidates >= 1 and obs_dim >= max_candidates * {SLOT_FEATURES} + 2 (the candidate "
+                         f"slots and room for hashed features), got max_candidates={max_candidates}, obs_dim={obs_dim}")
     return gym.spaces.Box(0.0, 1.0, (obs_dim,), np.float32), gym.spaces.Discrete(max_candidates)
 
 
@@ -532,8 +559,9 @@ class TextGameDiscreteEnv(gym.Wrapper):
 
     ## Observation Space
     `Box(0, 1, (obs_dim,), float32)` from `encode_observation`: a hashed set of the state's (object, property,
-    value) and (object, content) features and the objective's words, one slot per valid candidate index, and the
-    fraction of max_steps done.
+    value) and (object, content) features and the objective's words; per candidate index, whether it names a
+    command, the command's verb and how its words meet the objective's (`command_features`); and the fraction of
+    max_steps done.
 
     Rewards, episode end and `info` are the wrapped env's; `info["command"]` is the command an action sent.
     """
