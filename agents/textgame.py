@@ -47,7 +47,7 @@ class RealTextWorldDiscreteEnv(gym.Env):
 
     ## Action Space
     `Discrete(max_candidates)` over `candidate_commands(state)` (on real states: the game's admissible commands);
-    past the end of the list, "look".
+    past the end of the list it wraps around (`command_for`), as in the learned env.
 
     ## Observation Space
     `Box(0, 1, (obs_dim,), float32)`: `encode_observation` of the real state.

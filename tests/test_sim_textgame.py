@@ -29,6 +29,7 @@ from rlvr_gym.sim.textgame import (
     TextGameWorldEnv,
     candidate_commands,
     command_features,
+    command_for,
     discrete_spaces,
     encode_observation,
     load_start_states,
@@ -264,15 +265,20 @@ def test_same_seed_gives_the_same_sampled_rollout(garbage_checkpoint):
     assert len({first_completion(seed)[1] for seed in range(4)}) > 1
 
 
-def test_discrete_actions_past_the_candidate_list_send_look(no_change_checkpoint):
+def test_discrete_actions_past_the_candidate_list_wrap_around(no_change_checkpoint):
     env = TextGameDiscreteEnv(TextGameWorldEnv(no_change_checkpoint, max_steps=5), max_candidates=32)
-    _, info = env.reset(seed=0)
+    obs, info = env.reset(seed=0)
     n = len(info["candidates"])
     assert env.action_masks().tolist() == [True] * n + [False] * (32 - n)
-    *_, info = env.step(n)
-    assert info["command"] == NOOP_COMMAND
+    # The slot of a wrapped-around index describes the command it sends, marked as a repeat.
+    slots = obs[-1 - 32 * SLOT_FEATURES : -1].reshape(32, SLOT_FEATURES)
+    np.testing.assert_array_equal(slots[n, 1:], slots[0, 1:])
+    assert slots[n, 0] == 0 and slots[0, 0] == 1
+    *_, info = env.step(n + 1)
+    assert info["command"] == info["candidates"][1]
     *_, info = env.step(0)
     assert info["command"] == info["candidates"][0]
+    assert command_for(5, [], env.action_space) == NOOP_COMMAND
     with pytest.raises(ValueError, match="action"):
         env.step(32)
 

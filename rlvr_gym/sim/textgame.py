@@ -49,7 +49,7 @@ DEFAULT_MAX_NEW_TOKENS = 256
 """TextWorld diffs are at most ~43 tokens of the ByteSized32 BPE (ByteSized32's ~136); the room is for a `--model` that
 tokenizes more finely. Longer completions are cut and fail to parse."""
 NOOP_COMMAND = "look"
-"""TextWorld's command that changes nothing; the discrete wrappers send it for an index past the candidate list."""
+"""TextWorld's command that changes nothing; the discrete wrappers send it when a state offers no command."""
 MAX_OBSERVATION_CHARS = 8192
 MAX_COMMAND_CHARS = 256
 CHARSET = frozenset(string.ascii_letters + string.digits + string.punctuation + " \n")
@@ -254,7 +254,7 @@ COMMAND_VERBS = ("go", "take", "drop", "put", "insert", "open", "close", "lock",
                  "inventory", "look")
 """The first words of `candidate_commands`: one feature each in a candidate slot."""
 SLOT_FEATURES = 1 + len(COMMAND_VERBS) + 2
-"""Per candidate slot: valid, the verb (one-hot), the share of the command's other words found in the objective,
+"""Per action slot: a first entry of the candidate list (not a wrapped-around repeat), the verb (one-hot), the share of the command's other words found in the objective,
 and where in the objective the first of them appears (1 when none does)."""
 _FILLER_WORDS = frozenset({"from", "on", "into", "with", "the", "a", "an"})
 
@@ -284,24 +284,28 @@ def encode_observation(
 ) -> np.ndarray:
     """The discrete wrappers' float32 observation of length `obs_dim`, values in [0, 1]:
     `[0, obs_dim - max_candidates * SLOT_FEATURES - 1)` a hashed set of `observation_features` (CRC32, stable across
-    processes), then for each candidate index its `command_features` (zeros past the list), then the fraction of
-    max_steps done."""
+    processes), then for each action index the `command_features` of the command it sends (`command_for`: past the
+    end of the list, the list wraps around and the slot's first feature is 0), then the fraction of max_steps done."""
     bag = obs_dim - max_candidates * SLOT_FEATURES - 1
     x = np.zeros(obs_dim, dtype=np.float32)
     for feature in observation_features(state, objective):
         x[stable_bucket(feature, bag)] = 1.0
     objective_words = re.findall(r"[a-z0-9]+", objective.lower())
-    for i, command in enumerate(candidates[:max_candidates]):
-        x[bag + i * SLOT_FEATURES : bag + (i + 1) * SLOT_FEATURES] = command_features(command, objective_words)
+    for i in range(max_candidates if candidates else 0):
+        slot = x[bag + i * SLOT_FEATURES : bag + (i + 1) * SLOT_FEATURES]
+        slot[:] = command_features(candidates[i % len(candidates)], objective_words)
+        slot[0] = float(i < len(candidates))
     x[-1] = min(max(step_fraction, 0.0), 1.0)
     return x
 
 
 def command_for(action: Any, candidates: Sequence[str], action_space: gym.spaces.Discrete) -> str:
-    """The command a discrete action names: candidate `action`, or NOOP_COMMAND ("look") past the end of the list."""
+    """The command a discrete action names: candidate `action`, wrapping around past the end of the list (so every
+    action names an applicable command, and a uniform policy plays the candidates near uniformly, not mostly one
+    no-op); NOOP_COMMAND ("look") when there is no candidate."""
     if not action_space.contains(action):
         raise ValueError(f"action must be an int in [0, {action_space.n}), got {action!r}")
-    return candidates[int(action)] if int(action) < len(candidates) else NOOP_COMMAND
+    return candidates[int(action) % len(candidates)] if candidates else NOOP_COMMAND
 
 
 def discrete_spaces(max_candidates: int, obs_dim: int) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
@@ -554,8 +558,8 @@ class TextGameDiscreteEnv(gym.Wrapper):
 
     ## Action Space
     `Discrete(max_candidates)`: action i sends `info["candidates"][i]` (sorted; a state with more candidates than
-    max_candidates loses the last ones). An index past the end of the list sends "look", TextWorld's no-op, so
-    every action is legal; `action_masks()` marks the indices that name a candidate, for MaskablePPO.
+    max_candidates loses the last ones). An index past the end of the list wraps around (`command_for`), so every
+    action is legal; `action_masks()` marks the indices below the list's length, for MaskablePPO.
 
     ## Observation Space
     `Box(0, 1, (obs_dim,), float32)` from `encode_observation`: a hashed set of the state's (object, property,
