@@ -87,6 +87,7 @@ class RealTextWorldDiscreteEnv(gym.Env):
         self._game: TextWorldGame | None = None
         self._index = 0
         self._steps = 0
+        self._sent: set[str] = set()
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -96,6 +97,7 @@ class RealTextWorldDiscreteEnv(gym.Env):
         self._game = self._games[self._index]
         self._game.reset()
         self._steps = 0
+        self._sent = set()
         return self._observation(), self._info()
 
     def step(self, action):
@@ -104,6 +106,7 @@ class RealTextWorldDiscreteEnv(gym.Env):
         command = command_for(action, candidate_commands(self._game.state), self.action_space)
         _, reward, done = self._game.step(command)
         self._steps += 1
+        self._sent.add(command)
         truncated = not done and self._steps >= self.max_steps
         return self._observation(), reward, done, truncated, {**self._info(), "command": command}
 
@@ -119,7 +122,7 @@ class RealTextWorldDiscreteEnv(gym.Env):
     def _observation(self) -> np.ndarray:
         state = self._game.state
         return encode_observation(state, self._game.objective, candidate_commands(state), self._steps / self.max_steps,
-                                  self.obs_dim, self.max_candidates)
+                                  self.obs_dim, self.max_candidates, self._sent)
 
     def _info(self) -> dict[str, Any]:
         state = self._game.state

@@ -196,9 +196,14 @@ def test_observation_encoding_marks_candidates_and_tells_states_apart(start_file
     # Each slot says its command's verb and how its words meet the objective's.
     words = "first go east then take the red key from the table".split()
     east, key, look = (command_features(c, words) for c in ("go east", "take red key from table", "look"))
-    assert east[1 + COMMAND_VERBS.index("go")] == 1 and east[-2] == 1.0 and east[-1] == words.index("east") / len(words)
-    assert key[1 + COMMAND_VERBS.index("take")] == 1 and key[-2] == 1.0 and key[-1] == words.index("red") / len(words)
-    assert look[-2] == 0.0 and look[-1] == 1.0
+    assert east[1 + COMMAND_VERBS.index("go")] == 1 and east[-3] == 1.0 and east[-2] == words.index("east") / len(words)
+    assert key[1 + COMMAND_VERBS.index("take")] == 1 and key[-3] == 1.0 and key[-2] == words.index("red") / len(words)
+    assert look[-3] == 0.0 and look[-2] == 1.0 and look[-1] == 0.0
+    # Commands sent before in the episode are marked, so a policy can tell a loop from progress.
+    commands = candidate_commands(first)
+    c = encode_observation(first, "goal", commands, 0.5, 384, 16, sent={commands[1]})
+    marked = c[bag:-1].reshape(16, SLOT_FEATURES)[:, -1]
+    assert marked[1] == 1 and marked.sum() == sum(commands[i % len(commands)] == commands[1] for i in range(16))
     with pytest.raises(ValueError, match="candidate slots"):
         discrete_spaces(max_candidates=16, obs_dim=16 * SLOT_FEATURES + 1)
 
@@ -274,8 +279,10 @@ def test_discrete_actions_past_the_candidate_list_wrap_around(no_change_checkpoi
     slots = obs[-1 - 32 * SLOT_FEATURES : -1].reshape(32, SLOT_FEATURES)
     np.testing.assert_array_equal(slots[n, 1:], slots[0, 1:])
     assert slots[n, 0] == 0 and slots[0, 0] == 1
-    *_, info = env.step(n + 1)
+    obs, *_, info = env.step(n + 1)
     assert info["command"] == info["candidates"][1]
+    sent = obs[-1 - 32 * SLOT_FEATURES : -1].reshape(32, SLOT_FEATURES)[:, -1]
+    assert sent[1] == 1 and sent[0] == 0  # the no-change model keeps the state, so slot 1 is the command just sent
     *_, info = env.step(0)
     assert info["command"] == info["candidates"][0]
     assert command_for(5, [], env.action_space) == NOOP_COMMAND

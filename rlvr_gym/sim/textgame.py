@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -253,13 +253,15 @@ def observation_features(state: State, objective: str) -> set[str]:
 COMMAND_VERBS = ("go", "take", "drop", "put", "insert", "open", "close", "lock", "unlock", "eat", "examine",
                  "inventory", "look")
 """The first words of `candidate_commands`: one feature each in a candidate slot."""
-SLOT_FEATURES = 1 + len(COMMAND_VERBS) + 2
-"""Per action slot: a first entry of the candidate list (not a wrapped-around repeat), the verb (one-hot), the share of the command's other words found in the objective,
-and where in the objective the first of them appears (1 when none does)."""
+SLOT_FEATURES = 1 + len(COMMAND_VERBS) + 3
+"""Per action slot: a first entry of the candidate list (not a wrapped-around repeat), the verb (one-hot), the share of
+the command's other words found in the objective, where in the objective the first of them appears (1 when none
+does), and whether the command was sent before in the episode (a policy that only sees the state cannot tell a
+loop from progress)."""
 _FILLER_WORDS = frozenset({"from", "on", "into", "with", "the", "a", "an"})
 
 
-def command_features(command: str, objective_words: Sequence[str]) -> np.ndarray:
+def command_features(command: str, objective_words: Sequence[str], sent: bool = False) -> np.ndarray:
     """A candidate slot's features (SLOT_FEATURES): what a policy needs to tell commands apart across games, where
     the same index names different commands: the verb, and how the command's words meet the objective's."""
     words = command.lower().split()
@@ -269,8 +271,9 @@ def command_features(command: str, objective_words: Sequence[str]) -> np.ndarray
         x[1 + COMMAND_VERBS.index(words[0])] = 1.0
     content = [w for w in words[1:] if w not in _FILLER_WORDS]
     found = [objective_words.index(w) for w in content if w in objective_words]
-    x[-2] = len(found) / len(content) if content else 0.0
-    x[-1] = min(found) / max(len(objective_words), 1) if found else 1.0
+    x[-3] = len(found) / len(content) if content else 0.0
+    x[-2] = min(found) / max(len(objective_words), 1) if found else 1.0
+    x[-1] = float(sent)
     return x
 
 
@@ -281,11 +284,13 @@ def encode_observation(
     step_fraction: float,
     obs_dim: int = DEFAULT_OBS_DIM,
     max_candidates: int = DEFAULT_MAX_CANDIDATES,
+    sent: Collection[str] = (),
 ) -> np.ndarray:
     """The discrete wrappers' float32 observation of length `obs_dim`, values in [0, 1]:
     `[0, obs_dim - max_candidates * SLOT_FEATURES - 1)` a hashed set of `observation_features` (CRC32, stable across
     processes), then for each action index the `command_features` of the command it sends (`command_for`: past the
-    end of the list, the list wraps around and the slot's first feature is 0), then the fraction of max_steps done."""
+    end of the list, the list wraps around and the slot's first feature is 0; `sent`: the commands sent so far this
+    episode), then the fraction of max_steps done."""
     bag = obs_dim - max_candidates * SLOT_FEATURES - 1
     x = np.zeros(obs_dim, dtype=np.float32)
     for feature in observation_features(state, objective):
@@ -293,7 +298,8 @@ def encode_observation(
     objective_words = re.findall(r"[a-z0-9]+", objective.lower())
     for i in range(max_candidates if candidates else 0):
         slot = x[bag + i * SLOT_FEATURES : bag + (i + 1) * SLOT_FEATURES]
-        slot[:] = command_features(candidates[i % len(candidates)], objective_words)
+        command = candidates[i % len(candidates)]
+        slot[:] = command_features(command, objective_words, command in sent)
         slot[0] = float(i < len(candidates))
     x[-1] = min(max(step_fraction, 0.0), 1.0)
     return x
@@ -563,9 +569,9 @@ class TextGameDiscreteEnv(gym.Wrapper):
 
     ## Observation Space
     `Box(0, 1, (obs_dim,), float32)` from `encode_observation`: a hashed set of the state's (object, property,
-    value) and (object, content) features and the objective's words; per candidate index, whether it names a
-    command, the command's verb and how its words meet the objective's (`command_features`); and the fraction of
-    max_steps done.
+    value) and (object, content) features and the objective's words; per action index, the command it sends: its
+    verb, how its words meet the objective's and whether it was sent before in the episode (`command_features`);
+    and the fraction of max_steps done.
 
     Rewards, episode end and `info` are the wrapped env's; `info["command"]` is the command an action sent.
     """
@@ -576,9 +582,11 @@ class TextGameDiscreteEnv(gym.Wrapper):
         self.max_candidates = max_candidates
         self.obs_dim = obs_dim
         self._info: dict[str, Any] = {}
+        self._sent: set[str] = set()
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         _, self._info = self.env.reset(seed=seed, options=options)
+        self._sent = set()
         return self._encode(), self._info
 
     def step(self, action):
@@ -586,6 +594,7 @@ class TextGameDiscreteEnv(gym.Wrapper):
             raise RuntimeError("call reset() before step()")
         command = command_for(action, self._info["candidates"], self.action_space)
         _, reward, terminated, truncated, self._info = self.env.step(command)
+        self._sent.add(command)
         return self._encode(), float(reward), terminated, truncated, {**self._info, "command": command}
 
     def action_masks(self) -> np.ndarray:
@@ -594,7 +603,7 @@ class TextGameDiscreteEnv(gym.Wrapper):
     def _encode(self) -> np.ndarray:
         i = self._info
         return encode_observation(i["state"], i["objective"], i["candidates"], i["step"] / self.get_wrapper_attr("max_steps"),
-                                  self.obs_dim, self.max_candidates)
+                                  self.obs_dim, self.max_candidates, self._sent)
 
 
 class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
@@ -650,6 +659,7 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
         self._rngs = [np.random.default_rng() for _ in range(num_envs)]
         self._rollouts: list[Rollout | None] = [None] * num_envs
         self._candidates: list[list[str]] = [[] for _ in range(num_envs)]
+        self._sent: list[set[str]] = [set() for _ in range(num_envs)]
         self._needs_reset = np.zeros(num_envs, dtype=bool)
         self._steps_taken = 0
 
@@ -699,7 +709,8 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
             # One seed per batched step: greedy rollouts do not use it; sampled ones stay reproducible.
             self.sim.advance(rollouts, commands, seed=rollouts[0].sample_seed + self._steps_taken)
             self._steps_taken += 1
-            for i, r in zip(stepping, rollouts):
+            for i, r, command in zip(stepping, rollouts, commands):
+                self._sent[i].add(command)
                 self._candidates[i] = candidate_commands(r.state)
                 rewards[i] = r.reward
                 terminated[i] = r.error is None and r.terminated
@@ -714,12 +725,13 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
     def _start(self, i: int, index: int | None) -> None:
         self._rollouts[i] = self.sim.start(self._rngs[i], index)
         self._candidates[i] = candidate_commands(self._rollouts[i].state)
+        self._sent[i] = set()
 
     def _observations(self) -> np.ndarray:
         return np.stack([
-            encode_observation(r.state, r.start.objective, c, r.steps / self.max_steps, self.obs_dim, self.max_candidates)
-            if r is not None else np.zeros(self.obs_dim, np.float32)
-            for r, c in zip(self._rollouts, self._candidates)
+            encode_observation(r.state, r.start.objective, c, r.steps / self.max_steps, self.obs_dim, self.max_candidates,
+                               sent) if r is not None else np.zeros(self.obs_dim, np.float32)
+            for r, c, sent in zip(self._rollouts, self._candidates, self._sent)
         ])
 
     def _infos(self, mask: np.ndarray) -> dict[str, Any]:
