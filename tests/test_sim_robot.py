@@ -293,6 +293,13 @@ def test_best_threshold_separates_successes_by_balanced_accuracy():
     assert balanced_accuracy(probs, succeeded, 0.0) == 0.5, "calling everything a success catches no failure"
     with pytest.raises(ValueError, match="one success label per episode"):
         best_threshold(np.array([0.1, 0.2]), np.array([True]))
+    # A trivial policy's failure at 0.6 would be paid at the best threshold: a cap of 0 moves it above 0.6.
+    probs, succeeded = np.array([0.1, 0.6, 0.5, 0.7]), np.array([False, False, True, True])
+    trivial = np.array([False, True, False, False])
+    assert best_threshold(probs, succeeded)[0] == pytest.approx(0.3)
+    threshold, score = best_threshold(probs, succeeded, trivial, max_trivial_success=0.0)
+    assert threshold == pytest.approx(0.65) and score == pytest.approx(0.75)
+    assert best_threshold(probs, succeeded, trivial, max_trivial_success=1.0)[0] == pytest.approx(0.3)
 
 
 def test_calibration_writes_per_task_thresholds_that_the_sim_uses(tiny_world, tmp_path):
@@ -311,6 +318,10 @@ def test_calibration_writes_per_task_thresholds_that_the_sim_uses(tiny_world, tm
     both = calibrate(CalibrateConfig(checkpoint=str(calibrated), data=(str(tmp_path / "calib"), str(tmp_path / "trivial")),
                                      episodes_per_task=2))
     assert both["tasks"]["open_drawer"]["episodes"] == result["tasks"]["open_drawer"]["episodes"] + 2
+    assert both["tasks"]["close_drawer"]["trivial_failures_called"] is None  # no trivial episode of that task
+    capped = calibrate(CalibrateConfig(checkpoint=str(calibrated), data=(str(tmp_path / "calib"), str(tmp_path / "trivial")),
+                                       episodes_per_task=2, max_trivial_success=0.0))
+    assert capped["tasks"]["open_drawer"]["trivial_failures_called"] == 0.0
     assert both["tasks"]["close_drawer"]["episodes"] == result["tasks"]["close_drawer"]["episodes"]
 
     # A threshold of 0 makes every predicted frame a success: the env must end at its first step.

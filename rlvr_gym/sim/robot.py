@@ -213,6 +213,10 @@ class CalibrateConfig:
     their calibration episodes."""
     episodes_per_task: int = 64
     """Episodes replayed per task from each directory (64: about 5 CPU-minutes for the four tasks)."""
+    max_trivial_success: float = 1.0
+    """Most of the trivial policies' failed episodes (`trivial:*` and `random`, `collect rt1 --trivial-fraction`) a
+    task's threshold may call a success; 1: no limit, the best balanced accuracy. A limit trades true successes in
+    the learned env for fewer paid exploits (see the checkpoint card)."""
     num_envs: int = 64
     """Rollouts stepped together."""
     seed: int = 0
@@ -235,16 +239,23 @@ def replay_max_success_probs(sim: _Simulator, episodes: Sequence[Episode], num_e
     return best
 
 
-def best_threshold(max_probs: np.ndarray, succeeded: np.ndarray) -> tuple[float, float]:
+def best_threshold(max_probs: np.ndarray, succeeded: np.ndarray, trivial: np.ndarray | None = None,
+                   max_trivial_success: float = 1.0) -> tuple[float, float]:
     """The threshold on an episode's highest success probability that best separates real successes from failures
-    (balanced accuracy, so the calibration set's mix does not matter), and that balanced accuracy."""
+    (balanced accuracy, so the calibration set's mix does not matter), and that balanced accuracy. With `trivial`
+    (which episodes a trivial policy played), only thresholds that call at most `max_trivial_success` of those that
+    really failed a success are allowed."""
     max_probs = np.asarray(max_probs, dtype=np.float64)
     if len(max_probs) == 0 or len(max_probs) != len(succeeded):
         raise ValueError(f"need one success label per episode, got {len(max_probs)} probabilities and {len(succeeded)} labels")
     values = np.unique(max_probs)
     # Midpoints between neighbouring values, one below all (everything succeeds) and one above all (nothing does).
     candidates = np.concatenate([[values[0] / 2], (values[:-1] + values[1:]) / 2, [(values[-1] + 1) / 2]])
-    scores = [balanced_accuracy(max_probs, succeeded, t) for t in candidates]
+    scores = np.array([balanced_accuracy(max_probs, succeeded, t) for t in candidates])
+    failed = np.zeros(len(max_probs), bool) if trivial is None else np.asarray(trivial, bool) & ~np.asarray(succeeded, bool)
+    if failed.any():
+        paid = np.array([np.mean(max_probs[failed] > t) for t in candidates])
+        scores = np.where(paid <= max_trivial_success, scores, -1.0)  # the top candidate pays none: always allowed
     best = int(np.argmax(scores))  # the lowest of equally good thresholds
     return float(candidates[best]), float(scores[best])
 
@@ -255,8 +266,11 @@ def calibrate(config: CalibrateConfig) -> dict[str, Any]:
     The success head (the transformer's flag, or a state reader) sees imagined frames, which blur what decides
     success; under good real actions its probabilities stay well below 0.5 (rt1-rlvr's flag: an expert scored 1.0
     real, 0.19 in the learned env; a reader finds the drawer short of open in long rollouts). The threshold per task
-    is the one that best separates the replays of episodes that really succeeded from those that did not.
+    is the one that best separates the replays of episodes that really succeeded from those that did not, among
+    those that call at most `max_trivial_success` of the trivial policies' failures a success.
     """
+    if not 0 <= config.max_trivial_success <= 1:
+        raise ValueError(f"max_trivial_success is a fraction in [0, 1], got {config.max_trivial_success}")
     path = Path(config.checkpoint)
     if not path.is_dir():
         raise ValueError(f"--checkpoint must be a world-model directory you can write to, got {config.checkpoint!r}")
@@ -281,11 +295,17 @@ def calibrate(config: CalibrateConfig) -> dict[str, Any]:
     for task, chosen in sorted(by_task.items()):
         succeeded = np.array([e.succeeded for e in chosen])
         probs = replay_max_success_probs(sim, chosen, config.num_envs)
-        threshold, score = best_threshold(probs, succeeded)
+        trivial = np.array([e.policy.startswith("trivial:") or e.policy == "random" for e in chosen])
+        threshold, score = best_threshold(probs, succeeded, trivial, config.max_trivial_success)
         base = balanced_accuracy(probs, succeeded, DEFAULT_SUCCESS_THRESHOLD)
         sim.world.settings.success_thresholds[task] = threshold
-        result["tasks"][task] = {"threshold": threshold, "balanced_accuracy": score, "balanced_accuracy_at_0.5": base,
-                                 "episodes": len(chosen), "real_successes": int(succeeded.sum())}
+        failed_trivial = trivial & ~succeeded
+        result["tasks"][task] = {
+            "threshold": threshold, "balanced_accuracy": score, "balanced_accuracy_at_0.5": base,
+            "episodes": len(chosen), "real_successes": int(succeeded.sum()),
+            "successes_called": float(np.mean(probs[succeeded] > threshold)) if succeeded.any() else None,
+            "trivial_failures_called": float(np.mean(probs[failed_trivial] > threshold)) if failed_trivial.any() else None,
+        }
     sim.world.save_settings(path)
     return result
 
