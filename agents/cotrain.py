@@ -182,9 +182,11 @@ def make_agent(config: CoTrainConfig, world: str) -> tuple[BaseAlgorithm, object
     common = {"learning_rate": config.learning_rate, "seed": config.seed, "device": "cpu",
               "policy_kwargs": {"net_arch": [64, 64]}, "verbose": 0}
     if config.algo == "dqn":
+        from agents.textgame import SlotDQNPolicy
+
         # Target updates and learning start scaled to a loop's few thousand simulated steps per round.
-        agent = DQN("MlpPolicy", env, buffer_size=10_000, learning_starts=min(256, config.sim_steps // 2), batch_size=64,
-                    train_freq=1, target_update_interval=250, exploration_fraction=0.3, **common)
+        agent = DQN(SlotDQNPolicy, env, buffer_size=10_000, learning_starts=min(256, config.sim_steps // 2),
+                    batch_size=64, train_freq=1, target_update_interval=250, exploration_fraction=0.3, **common)
     else:
         agent = PPO("MlpPolicy", env, n_steps=config.n_steps, n_epochs=4,
                     batch_size=min(128, config.n_steps * config.num_envs), **common)

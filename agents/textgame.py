@@ -17,6 +17,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
+from stable_baselines3.dqn.policies import DQNPolicy, QNetwork
+from torch import nn
 
 from envs.textworld import DEFAULT_GAME_DIR, TextWorldGame
 from rlvr_gym.sim.discrete import action_mask
@@ -25,6 +28,7 @@ from rlvr_gym.sim.textgame import (
     DEFAULT_MAX_CANDIDATES,
     DEFAULT_MAX_STEPS,
     DEFAULT_OBS_DIM,
+    SLOT_FEATURES,
     TextGameDiscreteEnv,
     TextGameWorldEnv,
     candidate_commands,
@@ -136,6 +140,43 @@ class RealTextWorldDiscreteEnv(gym.Env):
             "objective": start.objective,
             "is_success": self._game.won,
         }
+
+
+class SlotScorer(nn.Module):
+    """Q-values of the text games' discrete actions from the observation (`encode_observation`): one network scores
+    every action slot from the state's embedding and that slot's command features, so what it learns about "take
+    the key the objective names" holds at any index (as DRRN scores each candidate command with shared weights;
+    an MLP over the flat observation would have to learn it once per index)."""
+
+    def __init__(self, features_dim: int, slots: int, width: int, activation_fn: type[nn.Module] = nn.ReLU):
+        super().__init__()
+        self.slots = slots
+        self.bag = features_dim - slots * SLOT_FEATURES - 1
+        if self.bag < 1:
+            raise ValueError(f"an observation of {features_dim} values has no room for {slots} slots of {SLOT_FEATURES}")
+        self.state = nn.Sequential(nn.Linear(self.bag + 1, width), activation_fn())
+        self.score = nn.Sequential(nn.Linear(width + SLOT_FEATURES, width), activation_fn(), nn.Linear(width, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        slots = x[:, self.bag : -1].reshape(len(x), self.slots, SLOT_FEATURES)
+        state = self.state(torch.cat([x[:, : self.bag], x[:, -1:]], dim=1))
+        return self.score(torch.cat([state[:, None].expand(-1, self.slots, -1), slots], dim=-1)).squeeze(-1)
+
+
+class SlotQNetwork(QNetwork):
+    """SB3's QNetwork with a SlotScorer (width: the first entry of net_arch) as its q_net."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.q_net = SlotScorer(self.features_dim, int(self.action_space.n), self.net_arch[0], self.activation_fn)
+
+
+class SlotDQNPolicy(DQNPolicy):
+    """`DQN(SlotDQNPolicy, env)`: DQN for TextGameDiscreteEnv and RealTextWorldDiscreteEnv with SlotQNetwork."""
+
+    def make_q_net(self) -> SlotQNetwork:
+        net_args = self._update_features_extractor(self.net_args, features_extractor=None)
+        return SlotQNetwork(**net_args).to(self.device)
 
 
 def make_sim_env(checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT, seed: int = 0, **kwargs: Any) -> TextGameDiscreteEnv:

@@ -120,7 +120,9 @@ def make_model(args: Args, env) -> BaseAlgorithm:
         return PPO("MlpPolicy", env, n_steps=args.n_steps, n_epochs=4, **common)
     if args.algo == "sac":
         return SAC("MlpPolicy", env, buffer_size=args.buffer_size, learning_starts=min(256, args.steps // 2), **common)
-    return DQN("MlpPolicy", env, buffer_size=args.buffer_size, learning_starts=min(256, args.steps // 2), **common)
+    from agents.textgame import SlotDQNPolicy  # DQN serves the text game: one Q network shared by the action slots
+
+    return DQN(SlotDQNPolicy, env, buffer_size=args.buffer_size, learning_starts=min(256, args.steps // 2), **common)
 
 
 def build(args: Args) -> tuple[object, Callable[[BaseAlgorithm], dict]]:

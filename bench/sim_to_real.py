@@ -93,7 +93,9 @@ def real_arm(config: CoTrainConfig, budget: int, points: int) -> list[dict]:
     times."""
     env = real_env(config)
     if config.algo == "dqn":
-        agent = DQN("MlpPolicy", env, buffer_size=10_000, learning_starts=256, batch_size=64, train_freq=1,
+        from agents.textgame import SlotDQNPolicy
+
+        agent = DQN(SlotDQNPolicy, env, buffer_size=10_000, learning_starts=256, batch_size=64, train_freq=1,
                     target_update_interval=250, exploration_fraction=0.3, learning_rate=config.learning_rate,
                     seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
     else:

@@ -406,3 +406,25 @@ def test_cotraining_in_the_text_game_refits_on_the_agents_real_transitions(no_ch
     assert second["round"] == 1 and second["agent_steps"] >= 32 and second["real_steps_total"] > first["real_steps_total"]
     with pytest.raises(ValueError, match="does not fit"):
         cotrain.run_cotrain(cotrain.CoTrainConfig(out=str(tmp_path / "x"), env=cotrain.RT1_ENV, algo="dqn"))
+
+
+def test_slot_q_network_scores_every_action_slot_with_the_same_weights(no_change_checkpoint):
+    from stable_baselines3 import DQN
+
+    from agents.textgame import SlotDQNPolicy, SlotScorer
+
+    scorer = SlotScorer(features_dim=384, slots=16, width=8)
+    x = torch.rand(2, 384)
+    q = scorer(x)
+    assert q.shape == (2, 16)
+    # Swapping two slots' features swaps their Q-values: the score depends on what a slot says, not where it is.
+    bag = 384 - 16 * SLOT_FEATURES - 1
+    swapped = x.clone()
+    first, third = slice(bag, bag + SLOT_FEATURES), slice(bag + 2 * SLOT_FEATURES, bag + 3 * SLOT_FEATURES)
+    swapped[:, first], swapped[:, third] = x[:, third], x[:, first]
+    torch.testing.assert_close(scorer(swapped)[:, [2, 1, 0]], q[:, :3])
+    with pytest.raises(ValueError, match="no room"):
+        SlotScorer(features_dim=16 * SLOT_FEATURES + 1, slots=16, width=8)
+    env = make_sim_env(no_change_checkpoint, seed=0, max_steps=4)
+    model = DQN(SlotDQNPolicy, env, learning_starts=8, buffer_size=64, train_freq=4, seed=0).learn(16)
+    assert isinstance(model.q_net.q_net, SlotScorer) and model.predict(env.reset()[0])[0] in range(32)
