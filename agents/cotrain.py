@@ -105,8 +105,8 @@ class CoTrainConfig:
     surprise_prompts: float = 0.5
     """Fraction of the GRPO prompts from the steps where the refitted simulator was most wrong about the real next
     frame, state or success (`RT1RLVRConfig.surprise_prompts`, `TextGameRLVRConfig.surprise_prompts`)."""
-    learning_rate: float = 3e-4
-    """Agent learning rate."""
+    learning_rate: float = 0.0
+    """Agent learning rate; 0: 3e-4 for PPO, 1e-4 for DQN."""
     n_steps: int = 32
     """PPO rollout length per sub-env."""
     seed: int = 0
@@ -119,6 +119,10 @@ class CoTrainConfig:
     @property
     def steps_per_episode(self) -> int:
         return self.horizon or DEFAULT_HORIZONS[self.env]
+
+    @property
+    def agent_learning_rate(self) -> float:
+        return self.learning_rate or (1e-4 if self.algo == "dqn" else 3e-4)
 
 
 @dataclass
@@ -179,14 +183,14 @@ def refit(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
 def make_agent(config: CoTrainConfig, world: str) -> tuple[BaseAlgorithm, object]:
     """A fresh agent on the learned simulator of `world`, and that env."""
     env = make_sim_env(config, world)
-    common = {"learning_rate": config.learning_rate, "seed": config.seed, "device": "cpu",
+    common = {"learning_rate": config.agent_learning_rate, "seed": config.seed, "device": "cpu",
               "policy_kwargs": {"net_arch": [64, 64]}, "verbose": 0}
     if config.algo == "dqn":
         from agents.textgame import SlotDQNPolicy
 
         # Target updates and learning start scaled to a loop's few thousand simulated steps per round.
         agent = DQN(SlotDQNPolicy, env, buffer_size=10_000, learning_starts=min(256, config.sim_steps // 2),
-                    batch_size=64, train_freq=1, target_update_interval=250, exploration_fraction=0.3, **common)
+                    batch_size=64, train_freq=1, target_update_interval=500, exploration_fraction=0.3, **common)
     else:
         agent = PPO("MlpPolicy", env, n_steps=config.n_steps, n_epochs=4,
                     batch_size=min(128, config.n_steps * config.num_envs), **common)
@@ -433,8 +437,9 @@ def check_config(config: CoTrainConfig) -> None:
     for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "n_steps"):
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
-    if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0:
-        raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps and --exploration >= 0")
+    if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0 \
+            or config.learning_rate < 0:
+        raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration and --learning-rate >= 0")
     if config.env == TEXT_ENV and config.exploration > 1:
         raise ValueError(f"--exploration is a probability for the text games, got {config.exploration}")
 

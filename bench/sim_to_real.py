@@ -5,6 +5,9 @@
     python -m bench.sim_to_real --tasks text --seeds 0 1 2 --rounds 3 --real-steps 200 --sim-steps 1024   # the text games
     python -m bench.sim_to_real --tasks open_drawer --seeds 0 --rounds 1 --real-steps 100 --sim-steps 512   # a smoke run
 
+Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ and reused by a rerun with the same settings,
+so seeds can run in parallel processes (`--seeds 0`, `--seeds 1`) and a last run with all seeds writes the report.
+
 "Tasks" are tabletop tasks (PPO in RLVRWorld-RT1-v0) and `text` (DQN in RLVRWorld-TextGame-v0 on its 32 games).
 Arms, each from the same seeds, each point its real success against the real env steps it has taken so far (data
 and scoring alike):
@@ -20,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import matplotlib
@@ -96,10 +99,10 @@ def real_arm(config: CoTrainConfig, budget: int, points: int) -> list[dict]:
         from agents.textgame import SlotDQNPolicy
 
         agent = DQN(SlotDQNPolicy, env, buffer_size=10_000, learning_starts=256, batch_size=64, train_freq=1,
-                    target_update_interval=250, exploration_fraction=0.3, learning_rate=config.learning_rate,
+                    target_update_interval=500, exploration_fraction=0.3, learning_rate=config.agent_learning_rate,
                     seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
     else:
-        agent = PPO("MlpPolicy", env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.learning_rate,
+        agent = PPO("MlpPolicy", env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.agent_learning_rate,
                     seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
     scoring = config.eval_episodes * config.steps_per_episode  # an upper bound of each scoring's steps
     every = max((budget - points * scoring) // points, 256)
@@ -121,6 +124,19 @@ def frozen_arm(config: CoTrainConfig) -> list[dict]:
         points.append({"real_steps_total": real_steps, "real_success": success,
                        "learned_success": learned_success(agent, world, config, config.eval_episodes)})
     env.close()
+    return points
+
+
+def cached(path: Path, key: dict, compute) -> list[dict]:
+    """An arm's curve, computed once for its settings: a rerun, or the run that gathers seeds other processes ran,
+    reuses it (the loop arms resume from their own run directories)."""
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved["key"] == key:
+            return saved["points"]
+    points = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": key, "points": points}))
     return points
 
 
@@ -159,10 +175,12 @@ def main() -> None:
             for name, config in arms.items():
                 run_cotrain(config)
                 curves[name] = [json.loads(line) for line in (Path(config.out) / "rounds.jsonl").read_text().splitlines()]
-            curves["frozen"] = frozen_arm(base)
+            directory = OUT / "sim_to_real" / task
+            curves["frozen"] = cached(directory / f"frozen-{seed}.json", asdict(base), lambda: frozen_arm(base))
             budget = curves["loop"][-1]["real_steps_total"]
-            curves["real-1x"] = real_arm(base, budget, args.rounds)
-            curves["real-10x"] = real_arm(base, 10 * budget, args.rounds)
+            for name, scale in (("real-1x", 1), ("real-10x", 10)):
+                curves[name] = cached(directory / f"{name}-{seed}.json", {**asdict(base), "budget": scale * budget},
+                                      lambda scale=scale: real_arm(base, scale * budget, args.rounds))
             runs.setdefault(task, {})[seed] = curves
             (OUT / "sim_to_real.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
     write_report(args, runs)
