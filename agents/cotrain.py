@@ -47,8 +47,11 @@ from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from agents.robot import DEFAULT_FRAME_SIZE  # noqa: E402
 from rlvr_gym.files import atomic_write_text  # noqa: E402
 from rlvr_gym.logs import configure_logging  # noqa: E402
+from rlvr_gym.sim.robot import DEFAULT_HORIZON  # noqa: E402
+from rlvr_gym.sim.textgame import DEFAULT_MAX_STEPS  # noqa: E402
 from rlvr_gym.train.grpo import GRPOConfig  # noqa: E402
 from rlvr_gym.train.sft import SFTConfig, train_sft  # noqa: E402
 
@@ -58,7 +61,7 @@ RT1_ENV = "RLVRWorld-RT1-v0"
 TEXT_ENV = "RLVRWorld-TextGame-v0"
 ALGOS = {RT1_ENV: ("ppo",), TEXT_ENV: ("dqn", "ppo")}
 DEFAULT_CHECKPOINTS = {RT1_ENV: "rt1-rlvr", TEXT_ENV: "textgame-rlvr"}
-DEFAULT_HORIZONS = {RT1_ENV: 50, TEXT_ENV: 30}
+DEFAULT_HORIZONS = {RT1_ENV: DEFAULT_HORIZON, TEXT_ENV: DEFAULT_MAX_STEPS}
 PHASES = ("collect", "refit", "agent", "score")
 COLLECT_SEED_RUN = 8
 """Tabletop start states the agent collects data from: env seeds 8_000_000 + i (the scoring run is agents.robot's 9)."""
@@ -91,7 +94,7 @@ class CoTrainConfig:
     """Sub-envs of the batched learned simulator."""
     horizon: int = 0
     """Steps per episode, real and learned; 0: the env's default (50 tabletop, 30 text)."""
-    frame_size: int = 32
+    frame_size: int = DEFAULT_FRAME_SIZE
     """RT-1: side of the block-averaged frames the agent sees."""
     replay: str = ""
     """The world model's own training data, mixed into every MLE refit: an episode directory (RT-1) or a
