@@ -1,4 +1,6 @@
 """Co-training: an agent trained inside a learned simulator that the agent's own real experience keeps refitting.
+(Longer than 500 lines: one loop, and each domain's collect, refit and scoring beside it, so that the two stay one
+contract.)
 
     rlvr-gym train agent --env RLVRWorld-RT1-v0 --algo ppo --task open_drawer --rounds 4 --out runs/cotrain/rt1-ppo
     rlvr-gym train agent --env RLVRWorld-TextGame-v0 --algo dqn --rounds 4 --out runs/cotrain/text-dqn
