@@ -188,6 +188,11 @@ def refit(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
 def make_agent(config: CoTrainConfig, world: str) -> tuple[BaseAlgorithm, object]:
     """A fresh agent on the learned simulator of `world`, and that env."""
     env = make_sim_env(config, world)
+    return new_agent(config, env), env
+
+
+def new_agent(config: CoTrainConfig, env) -> BaseAlgorithm:
+    """The loop's SB3 agent, untrained, on `env` (a learned or a real one)."""
     common = {"learning_rate": config.agent_learning_rate, "seed": config.seed, "device": "cpu",
               "policy_kwargs": {"net_arch": [64, 64]}, "verbose": 0}
     if config.algo == "dqn":
@@ -198,8 +203,8 @@ def make_agent(config: CoTrainConfig, world: str) -> tuple[BaseAlgorithm, object
                     batch_size=64, train_freq=1, target_update_interval=500, exploration_fraction=0.3, **common)
     else:
         agent = PPO("MlpPolicy", env, n_steps=config.n_steps, n_epochs=4,
-                    batch_size=min(128, config.n_steps * config.num_envs), **common)
-    return agent, env
+                    batch_size=min(128, config.n_steps * env.num_envs), **common)
+    return agent
 
 
 def make_sim_env(config: CoTrainConfig, world: str):

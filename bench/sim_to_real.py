@@ -32,7 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from stable_baselines3 import DQN, PPO
+from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
@@ -42,6 +42,7 @@ from agents.cotrain import (
     CoTrainConfig,
     learned_success,
     make_agent,
+    new_agent,
     resolve_world,
     run_cotrain,
     score_in_real,
@@ -96,12 +97,8 @@ def real_arm(config: CoTrainConfig, budget: int, points: int) -> list[dict]:
     times."""
     env = real_env(config)
     if config.algo == "dqn":
-        from agents.textgame import SlotDQNPolicy
-
-        agent = DQN(SlotDQNPolicy, env, buffer_size=10_000, learning_starts=256, batch_size=64, train_freq=1,
-                    target_update_interval=500, exploration_fraction=0.3, learning_rate=config.agent_learning_rate,
-                    seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
-    else:
+        agent = new_agent(config, env)
+    else:  # one real env, so a longer rollout than the loop's 32 steps x 16 sub-envs
         agent = PPO("MlpPolicy", env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.agent_learning_rate,
                     seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
     scoring = config.eval_episodes * config.steps_per_episode  # an upper bound of each scoring's steps
