@@ -136,21 +136,23 @@ def probe_rt1(config: ProbeConfig) -> dict:
 
 
 def per_task_false_success(tasks: list[str], names: list[str], learned: list[bool], real: list[bool]) -> list[dict]:
-    """Per task, over the episodes of every policy: learned and real success, the mean of the policies' false
-    success, and the policy with the most."""
+    """Per task, `summarize` of its episodes: learned and real success over every policy, the mean of the policies'
+    false success, and the policy with the most."""
     rows = []
     for task in dict.fromkeys(tasks):
-        by_policy = {}
-        for t, n, l, r in zip(tasks, names, learned, real):
+        learned_here: dict[str, list[bool]] = {}
+        real_here: dict[str, list[bool]] = {}
+        for t, name, l, r in zip(tasks, names, learned, real):
             if t == task:
-                by_policy.setdefault(n, []).append((l, r))
-        false = {n: max(0.0, float(np.mean([l for l, _ in v]) - np.mean([r for _, r in v]))) for n, v in by_policy.items()}
-        worst = max(false, key=false.get)
+                learned_here.setdefault(name, []).append(l)
+                real_here.setdefault(name, []).append(r)
+        summary = summarize("rt1", "", learned_here, real_here)
+        worst = max(summary["policies"], key=lambda row: row["false_success"])
         rows.append({"task": task,
-                     "learned_success": float(np.mean([l for t, l in zip(tasks, learned) if t == task])),
-                     "real_success": float(np.mean([r for t, r in zip(tasks, real) if t == task])),
-                     "false_success": float(np.mean(list(false.values()))),
-                     "most_false": f"{worst} ({false[worst]:.2f})"})
+                     "learned_success": float(np.mean([x for v in learned_here.values() for x in v])),
+                     "real_success": float(np.mean([x for v in real_here.values() for x in v])),
+                     "false_success": summary["mean_false_success"],
+                     "most_false": f"{worst['policy']} ({worst['false_success']:.2f})"})
     return rows
 
 

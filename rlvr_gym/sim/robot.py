@@ -26,6 +26,7 @@ from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
 from rlvr_gym.models.sampler import SamplingConfig
 from rlvr_gym.models.state_reader import READ_NAMES, success_probability
+from rlvr_gym.sim.vector import reset_arguments
 
 IMAGE_SHAPE = (64, 64, 3)
 DEFAULT_CHECKPOINT = "rt1-rlvr"
@@ -504,27 +505,12 @@ class RT1WorldVectorEnv(VectorEnv):
         self._generator = torch.Generator()
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
-        options = dict(options or {})
-        mask = options.pop("reset_mask", None)
-        if mask is None:
-            mask = np.ones(self.num_envs, dtype=bool)
-        elif not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (self.num_envs,):
-            raise ValueError(f"options['reset_mask'] must be a bool numpy array of shape ({self.num_envs},), got {mask!r}")
-        seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, (int, np.integer)) else seed
-        if seeds is None:
-            seeds = [None] * self.num_envs
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"reset needs one seed per sub-env ({self.num_envs}), got {len(seeds)}")
+        mask, seeds, indices = reset_arguments(self.num_envs, seed, options)
         if any(s is not None for s in seeds):
             self._np_random = np.random.default_rng([int(s) for s in seeds if s is not None])
             self._np_random_seed = int(seed) if isinstance(seed, (int, np.integer)) else -1
         if mask.all():
             self._generator.manual_seed(int(self.np_random.integers(2**63 - 1)))
-        indices = options.pop("index", None)
-        if indices is None or isinstance(indices, (int, np.integer)):
-            indices = [indices] * self.num_envs
-        if len(indices) != self.num_envs:
-            raise ValueError(f"options['index'] must be one int or a list of {self.num_envs}, got {len(indices)}")
         for i in np.flatnonzero(mask):
             if seeds[i] is not None:
                 self._rngs[i] = seeding.np_random(int(seeds[i]))[0]

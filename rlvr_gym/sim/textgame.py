@@ -34,6 +34,7 @@ from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild,
 from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
+from rlvr_gym.sim.vector import reset_arguments
 
 if TYPE_CHECKING:
     from envs.textworld import TextWorldGame
@@ -664,20 +665,7 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
         self._steps_taken = 0
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
-        options = dict(options or {})
-        mask = options.pop("reset_mask", None)
-        if mask is None:
-            mask = np.ones(self.num_envs, dtype=bool)
-        elif not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (self.num_envs,):
-            raise ValueError(f"options['reset_mask'] must be a bool numpy array of shape ({self.num_envs},), got {mask!r}")
-        seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, (int, np.integer)) else seed
-        seeds = [None] * self.num_envs if seeds is None else list(seeds)
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"reset needs one seed per sub-env ({self.num_envs}), got {len(seeds)}")
-        indices = options.pop("index", None)
-        indices = [indices] * self.num_envs if indices is None or isinstance(indices, (int, np.integer)) else list(indices)
-        if len(indices) != self.num_envs:
-            raise ValueError(f"options['index'] must be one int or a list of {self.num_envs}, got {len(indices)}")
+        mask, seeds, indices = reset_arguments(self.num_envs, seed, options)
         for i in np.flatnonzero(mask):
             if seeds[i] is not None:
                 # What gym.Env.reset(seed=s) gives a TextGameWorldEnv: the same start state for the same seed.
