@@ -5,7 +5,8 @@ Collection (`rlvr_gym.data.web_collect`). `collect web` records (tree, action, n
 policies at several skills (a skill below 1 takes random actions that often), and with `--policies` the trivial
 moves of `envs.web.solvers.TRIVIAL_POLICIES` (the exploit probe's), several browsers in parallel processes. Episode
 i of a task in a collection with `--seed` s plays MiniWoB seed `s * 1_000_000 + i`, so sets collected with different
-seeds share no page; the trainers and `eval web` check it from the manifests. By default the training set covers 11 of the 13 tasks and two are held out entirely (`HELDOUT_TASKS`):
+seeds share no page; the trainers and `eval web` check it from the manifests. By default the training set covers
+11 of the 13 tasks and two are held out entirely (`HELDOUT_TASKS`):
 - `enter-text` (type a word into a text field, press Submit): login-user types into text fields and presses a
   button, search-engine types into a search box;
 - `click-collapsible-2` (expand sections, click a link in one): click-tab-2 reveals hidden panels, whose first line
