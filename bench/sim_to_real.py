@@ -2,7 +2,7 @@
 
     rlvr-gym collect rt1 --out runs/rt1/replay --episodes 200 --seed 1 --workers 2   # the models' own training run
     python -m bench.sim_to_real --replay runs/rt1/replay  # writes runs/bench/sim_to_real.{md,json,png}
-    python -m bench.sim_to_real --tasks text --seeds 0 1 2 --rounds 3 --real-steps 200 --sim-steps 1024   # the text games
+    python -m bench.sim_to_real --tasks text --seeds 0 1 2 --rounds 3 --real-steps 200 --text-sim-steps 1024   # the text games
     python -m bench.sim_to_real --tasks open_drawer --seeds 0 --rounds 1 --real-steps 100 --sim-steps 512   # a smoke run
 
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ and reused by a rerun with the same settings,
@@ -150,7 +150,9 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--real-steps", type=int, default=400)
-    parser.add_argument("--sim-steps", type=int, default=4096)
+    parser.add_argument("--sim-steps", type=int, default=4096, help="simulated agent steps per round (tabletop)")
+    parser.add_argument("--text-sim-steps", type=int, default=0,
+                        help="simulated agent steps per round for the text games (one env, DQN); 0: --sim-steps")
     parser.add_argument("--eval-episodes", type=int, default=8)
     parser.add_argument("--mle-steps", type=int, default=60)
     parser.add_argument("--grpo-steps", type=int, default=10)
@@ -164,8 +166,9 @@ def main() -> None:
             domain = {"env": TEXT_ENV, "algo": "dqn", "checkpoint": args.text_checkpoint, "replay": args.text_replay} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
                                         "replay": args.replay}
+            sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps
             base = CoTrainConfig(out=str(OUT / "sim_to_real" / task / f"loop-{seed}"), rounds=args.rounds,
-                                 real_steps=args.real_steps, sim_steps=args.sim_steps, eval_episodes=args.eval_episodes,
+                                 real_steps=args.real_steps, sim_steps=sim_steps, eval_episodes=args.eval_episodes,
                                  mle_steps=args.mle_steps, grpo_steps=args.grpo_steps, seed=seed, **domain)
             arms = {"loop": base, "loop-mle": replace(base, out=base.out.replace("loop-", "loop-mle-"), grpo_steps=0)}
             curves = {}
@@ -223,7 +226,7 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
               f"seeds {args.seeds})", "",
               f"World models {args.checkpoint} (tabletop, PPO) and {args.text_checkpoint} (text, DQN); {args.rounds} "
               f"rounds of {args.real_steps} real data steps, {args.mle_steps} MLE and {args.grpo_steps} GRPO steps of "
-              f"refit and {args.sim_steps} simulated agent steps; {args.eval_episodes} real episodes per score "
+              f"refit and {args.sim_steps} simulated agent steps (text: {args.text_sim_steps or args.sim_steps}); {args.eval_episodes} real episodes per score "
               "(tabletop: held-out starts; text: the same games each time). Intervals: 95% t over seeds.", "", markdown_table(rows), "", *lines, "", "![curves](sim_to_real.png)", ""]
     (OUT / "sim_to_real.md").write_text("\n".join(report))
     print("\n".join(report))

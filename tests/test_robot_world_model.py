@@ -748,7 +748,7 @@ def test_state_reader_learns_states_from_frames_and_decides_the_simulators_succe
     from envs.robot.tasks import task_from_instruction
     from rlvr_gym.data.episodes import write_shards
     from rlvr_gym.models.state_reader import READ_NAMES, success_probability
-    from rlvr_gym.sim.robot import _Simulator, replay_max_success_probs
+    from rlvr_gym.sim.robot import _Simulator, replay_success_scores
 
     root, world_dir = tiny_world
     config = ReaderConfig(run_dir=str(root / "reader"), world_model=str(world_dir), data=str(root / "train"),
@@ -792,7 +792,7 @@ def test_state_reader_learns_states_from_frames_and_decides_the_simulators_succe
     infos = venv.step(np.zeros((2, 7), np.float32))[4]
     assert infos["read_state"]["drawer_qpos"].shape == (2,) and infos["_read_state"].all()
     sim = _Simulator.load(out, None, 0.0)
-    assert replay_max_success_probs(sim, [episode]).shape == (1,)
+    assert replay_success_scores(sim, [episode]).shape == (1,)
 
     # --steps 0 from a trained reader adds it to another world model as it is.
     attached = train_state_reader(ReaderConfig(**{**vars(config), "run_dir": str(tmp_path / "attach"),

@@ -22,7 +22,7 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize
 from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.sim import register_envs
-from rlvr_gym.sim.robot import CalibrateConfig, RT1WorldEnv, RT1WorldVectorEnv, best_threshold, calibrate
+from rlvr_gym.sim.robot import CalibrateConfig, RT1WorldEnv, RT1WorldVectorEnv, best_threshold, calibrate, held_score
 from rlvr_gym.sim.sb3 import SB3VecEnv
 from rlvr_gym.train.frame_tokenizer import TokenizerConfig, train_frame_tokenizer
 from rlvr_gym.train.rt1_mle import RT1MLEConfig, run_rt1_mle
@@ -302,6 +302,13 @@ def test_best_threshold_separates_successes_by_balanced_accuracy():
     assert best_threshold(probs, succeeded, trivial, max_trivial_success=1.0)[0] == pytest.approx(0.3)
 
 
+def test_held_score_is_the_best_probability_kept_for_hold_frames():
+    probs = [0.1, 0.9, 0.2, 0.8, 0.7]
+    assert held_score(probs, 1) == 0.9
+    assert held_score(probs, 2) == 0.7, "0.9 lasts one frame; 0.8 then 0.7 hold 0.7 for two"
+    assert held_score(probs, 6) == 0.0
+
+
 def test_calibration_writes_per_task_thresholds_that_the_sim_uses(tiny_world, tmp_path):
     import shutil
 
@@ -332,6 +339,19 @@ def test_calibration_writes_per_task_thresholds_that_the_sim_uses(tiny_world, tm
     env.reset(seed=0)
     _, reward, terminated, _, info = env.step(actions(1)[0])
     assert terminated and reward == 1.0 and info["is_success"]
+    # Held for two frames, the success comes one step later; the frame before it goes back into the prompt unflagged.
+    for env in (RT1WorldEnv(checkpoint=calibrated, success_hold=2),
+                RT1WorldVectorEnv(num_envs=2, checkpoint=calibrated, success_hold=2)):
+        env.reset(seed=0)
+        batch = actions(2, num_envs=2) if isinstance(env, RT1WorldVectorEnv) else actions(2)
+        _, reward, terminated, _, info = env.step(batch[0])
+        assert not np.any(terminated) and np.all(np.asarray(reward) == 0.0) and not np.any(info["is_success"])
+        rollouts = env._rollouts if isinstance(env, RT1WorldVectorEnv) else [env._rollout]
+        assert all(r.held == 1 and not r.flags[-1] for r in rollouts)
+        _, reward, terminated, _, info = env.step(batch[1])
+        assert np.all(terminated) and np.all(np.asarray(reward) == 1.0) and np.all(info["is_success"])
+    with pytest.raises(ValueError, match="success_hold"):
+        RT1WorldEnv(checkpoint=calibrated, success_hold=0)
     with pytest.raises(ValueError, match="directory you can write to"):
         calibrate(CalibrateConfig(checkpoint="rt1-rlvr"))
 

@@ -51,6 +51,14 @@ class WorldModelSettings:
     tokenizer's codes of the frame shown (decoded and motion-refined), so the rollout's state is what the agent
     sees. With a refiner this keeps objects the codes would drop: a refined frame that still shows an object encodes
     to codes that show it. `train refiner` sets it."""
+    success_hold: int = 1
+    """Consecutive predicted frames whose success probability must exceed the threshold before the simulator calls
+    success (on the last of them). A success the real env gives persists (the drawer stays shut); many the world
+    model invents last one frame (`python -m bench.rt1_guard` measures 1 against 2 and 3)."""
+
+    def __post_init__(self):
+        if not isinstance(self.success_hold, int) or self.success_hold < 1:
+            raise TypeError(f"success_hold must be an int >= 1, got {self.success_hold!r}")
 
     def success_threshold(self, task: str) -> float:
         return self.success_thresholds.get(task, DEFAULT_SUCCESS_THRESHOLD)

@@ -65,6 +65,14 @@ class _Rollout:
     uncertainty: float = 0.0
     """The transformer's mean negative log-likelihood (nats per code) of the codes of `frame`."""
     error: str | None = None
+    hold: int = 1
+    """Consecutive frames above the threshold that make a success (the checkpoint's `success_hold`)."""
+    held: int = 0
+    """Consecutive frames, up to `frame`, whose success probability exceeded the threshold."""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.held >= self.hold
 
 
 @dataclass
@@ -96,10 +104,14 @@ class _Simulator:
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, task: str | None, temperature: float,
-             device: str | torch.device = "cpu", guard: Guard | None = None) -> _Simulator:
+             device: str | torch.device = "cpu", guard: Guard | None = None, success_hold: int | None = None) -> _Simulator:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if success_hold is not None and (not isinstance(success_hold, (int, np.integer)) or success_hold < 1):
+            raise ValueError(f"success_hold must be an int >= 1 (or None: the checkpoint's), got {success_hold!r}")
         world = RobotWorldModel.load(checkpoint, device)
+        if success_hold is not None:
+            world.settings.success_hold = int(success_hold)
         states = load_initial_states(RobotWorldModel.resolve(checkpoint))
         if task is not None:
             rows = np.flatnonzero(states.tasks == task)
@@ -136,7 +148,8 @@ class _Simulator:
         codes = deque([first_code], maxlen=n)
         threshold = self.world.settings.success_threshold(task)
         return _Rollout(index, sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold,
-                        frame, frame.copy(), self._task(task, instruction), first_state, first_state)
+                        frame, frame.copy(), self._task(task, instruction), first_state, first_state,
+                        hold=self.world.settings.success_hold)
 
     def _task(self, name: str, instruction: str) -> Task:
         if self.world.state_reader is None:
@@ -163,7 +176,10 @@ class _Simulator:
         for i, rollout in enumerate(rollouts):
             rollout.codes.append(result.context[i, 0])
             rollout.before = rollout.frame
-            rollout.flags.append(bool(result.success[i, 0] > rollout.threshold))
+            rollout.held = rollout.held + 1 if result.success[i, 0] > rollout.threshold else 0
+            # A frame on its way to a held success goes back unflagged: in the training episodes a flagged frame
+            # is always the last.
+            rollout.flags.append(rollout.succeeded)
             rollout.frame, rollout.success_prob, rollout.error = result.frames[i, 0], float(result.success[i, 0]), result.errors[i]
             rollout.uncertainty = float(result.uncertainty[i, 0])
             rollout.steps += 1
@@ -172,10 +188,10 @@ class _Simulator:
         return self.guard.halt_above is not None and rollout.steps > 0 and rollout.uncertainty > self.guard.halt_above
 
     def outcome(self, rollout: _Rollout, horizon: int) -> tuple[float, bool, bool]:
-        """(reward, terminated, truncated) of a rollout's last step: paid on predicted success, less the uncertainty
-        penalty; a halted rollout ends truncated and unpaid."""
+        """(reward, terminated, truncated) of a rollout's last step: paid on predicted success (held for `hold`
+        frames), less the uncertainty penalty; a halted rollout ends truncated and unpaid."""
         halted = self.halted(rollout)
-        success = rollout.success_prob > rollout.threshold and not halted
+        success = rollout.succeeded and not halted
         reward = float(success) - self.guard.penalty * rollout.uncertainty
         return reward, success, not success and (halted or rollout.steps >= horizon)
 
@@ -184,7 +200,7 @@ class _Simulator:
         info = {
             "success_prob": rollout.success_prob,
             "success_threshold": rollout.threshold,
-            "is_success": rollout.success_prob > rollout.threshold and not halted,
+            "is_success": rollout.succeeded and not halted,
             "task": str(self.states.tasks[rollout.index]),
             "instruction": str(self.states.instructions[rollout.index]),
             "step": rollout.steps,
@@ -224,10 +240,19 @@ class CalibrateConfig:
     """Seeds the choice of episodes."""
 
 
-def replay_max_success_probs(sim: _Simulator, episodes: Sequence[Episode], num_envs: int = 64) -> np.ndarray:
-    """Replay each episode's real actions open loop from its first frame (greedy); the highest success probability
-    the world model gives any predicted frame of each."""
-    best = np.zeros(len(episodes))
+def held_score(probs: Sequence[float], hold: int) -> float:
+    """The highest probability an episode's frames keep for `hold` consecutive frames (0 if it is shorter): the
+    simulator calls success in it exactly when this exceeds the threshold."""
+    probs = np.asarray(probs, dtype=np.float64)
+    if len(probs) < hold:
+        return 0.0
+    return float(np.lib.stride_tricks.sliding_window_view(probs, hold).min(axis=1).max())
+
+
+def replay_success_scores(sim: _Simulator, episodes: Sequence[Episode], num_envs: int = 64) -> np.ndarray:
+    """Replay each episode's real actions open loop from its first frame (greedy); each one's `held_score` under the
+    checkpoint's `success_hold` (with a hold of 1, the highest success probability of any predicted frame)."""
+    probs: list[list[float]] = [[] for _ in episodes]
     generator = torch.Generator().manual_seed(0)
     for start in range(0, len(episodes), num_envs):
         batch = list(episodes[start : start + num_envs])
@@ -236,29 +261,29 @@ def replay_max_success_probs(sim: _Simulator, episodes: Sequence[Episode], num_e
             live = [i for i, e in enumerate(batch) if t < len(e)]
             sim.advance([rollouts[i] for i in live], np.stack([batch[i].actions[t] for i in live]), generator)
             for i in live:
-                best[start + i] = max(best[start + i], rollouts[i].success_prob)
-    return best
+                probs[start + i].append(rollouts[i].success_prob)
+    return np.array([held_score(p, sim.world.settings.success_hold) for p in probs])
 
 
-def best_threshold(max_probs: np.ndarray, succeeded: np.ndarray, trivial: np.ndarray | None = None,
+def best_threshold(scores: np.ndarray, succeeded: np.ndarray, trivial: np.ndarray | None = None,
                    max_trivial_success: float = 1.0) -> tuple[float, float]:
-    """The threshold on an episode's highest success probability that best separates real successes from failures
+    """The threshold on an episode's score (`held_score`) that best separates real successes from failures
     (balanced accuracy, so the calibration set's mix does not matter), and that balanced accuracy. With `trivial`
     (which episodes a trivial policy played), only thresholds that call at most `max_trivial_success` of those that
     really failed a success are allowed."""
-    max_probs = np.asarray(max_probs, dtype=np.float64)
-    if len(max_probs) == 0 or len(max_probs) != len(succeeded):
-        raise ValueError(f"need one success label per episode, got {len(max_probs)} probabilities and {len(succeeded)} labels")
-    values = np.unique(max_probs)
+    scores = np.asarray(scores, dtype=np.float64)
+    if len(scores) == 0 or len(scores) != len(succeeded):
+        raise ValueError(f"need one success label per episode, got {len(scores)} scores and {len(succeeded)} labels")
+    values = np.unique(scores)
     # Midpoints between neighbouring values, one below all (everything succeeds) and one above all (nothing does).
     candidates = np.concatenate([[values[0] / 2], (values[:-1] + values[1:]) / 2, [(values[-1] + 1) / 2]])
-    scores = np.array([balanced_accuracy(max_probs, succeeded, t) for t in candidates])
-    failed = np.zeros(len(max_probs), bool) if trivial is None else np.asarray(trivial, bool) & ~np.asarray(succeeded, bool)
+    accuracy = np.array([balanced_accuracy(scores, succeeded, t) for t in candidates])
+    failed = np.zeros(len(scores), bool) if trivial is None else np.asarray(trivial, bool) & ~np.asarray(succeeded, bool)
     if failed.any():
-        paid = np.array([np.mean(max_probs[failed] > t) for t in candidates])
-        scores = np.where(paid <= max_trivial_success, scores, -1.0)  # the top candidate pays none: always allowed
-    best = int(np.argmax(scores))  # the lowest of equally good thresholds
-    return float(candidates[best]), float(scores[best])
+        paid = np.array([np.mean(scores[failed] > t) for t in candidates])
+        accuracy = np.where(paid <= max_trivial_success, accuracy, -1.0)  # the top candidate pays none: always allowed
+    best = int(np.argmax(accuracy))  # the lowest of equally good thresholds
+    return float(candidates[best]), float(accuracy[best])
 
 
 def calibrate(config: CalibrateConfig) -> dict[str, Any]:
@@ -268,7 +293,8 @@ def calibrate(config: CalibrateConfig) -> dict[str, Any]:
     success; under good real actions its probabilities stay well below 0.5 (rt1-rlvr's flag: an expert scored 1.0
     real, 0.19 in the learned env; a reader finds the drawer short of open in long rollouts). The threshold per task
     is the one that best separates the replays of episodes that really succeeded from those that did not, among
-    those that call at most `max_trivial_success` of the trivial policies' failures a success.
+    those that call at most `max_trivial_success` of the trivial policies' failures a success; an episode's score
+    is the probability its frames hold for the checkpoint's `success_hold` frames (`held_score`).
     """
     if not 0 <= config.max_trivial_success <= 1:
         raise ValueError(f"max_trivial_success is a fraction in [0, 1], got {config.max_trivial_success}")
@@ -295,7 +321,7 @@ def calibrate(config: CalibrateConfig) -> dict[str, Any]:
     result: dict[str, Any] = {"checkpoint": str(path), "tasks": {}}
     for task, chosen in sorted(by_task.items()):
         succeeded = np.array([e.succeeded for e in chosen])
-        probs = replay_max_success_probs(sim, chosen, config.num_envs)
+        probs = replay_success_scores(sim, chosen, config.num_envs)
         trivial = np.array([e.policy.startswith("trivial:") or e.policy == "random" for e in chosen])
         threshold, score = best_threshold(probs, succeeded, trivial, config.max_trivial_success)
         base = balanced_accuracy(probs, succeeded, DEFAULT_SUCCESS_THRESHOLD)
@@ -359,8 +385,8 @@ class RT1WorldEnv(gym.Env):
     `Box(0, 255, (64, 64, 3), uint8)`: the real first frame after reset, then the decoded predicted frames.
 
     ## Rewards
-    1.0 when the model's success probability for the predicted frame exceeds the checkpoint's threshold for the
-    episode's task (`rlvr-gym calibrate rt1` sets them; 0.5 where it did not), else 0.0 (the real env's
+    1.0 when the model's success probability has exceeded the checkpoint's threshold for the episode's task
+    (`rlvr-gym calibrate rt1` sets them; 0.5 where it did not) on the last `success_hold` predicted frames, else 0.0 (the real env's
     reward is 1.0 on the step that reaches success, which also ends its episode). With a state reader in the
     checkpoint (`rlvr-gym train state-reader`) the probability is the task's own success test on the state read
     off the frame shown, sigmoid(margin / 1 cm), the target marker read off the first frame; without one it is
@@ -371,7 +397,7 @@ class RT1WorldEnv(gym.Env):
     (restricted to `task` when given); `reset(options={"index": i})` picks row i instead.
 
     ## Episode End
-    Terminated when the predicted success probability exceeds that threshold; truncated after `horizon` steps.
+    Terminated on that success; truncated after `horizon` steps.
     `info`: `success_prob`, `success_threshold` (what it is compared with), `is_success`, `task`, `instruction`,
     `step`, `initial_state` (the row), `read_state` (with a state reader: object centres, drawer joint and target
     marker in metres, as read off the frame), `uncertainty` and `halted` (see the arguments) and `error` when the
@@ -391,6 +417,9 @@ class RT1WorldEnv(gym.Env):
       transformer's mean negative log-likelihood of the codes it generated for the frame shown (nats per code).
     - `halt_uncertainty` (MOReL, default None: off): once `info["uncertainty"]` exceeds it the episode ends,
       truncated and unpaid, with `info["halted"]` True: the agent has driven the model where it is guessing.
+    - `success_hold`: consecutive frames the success probability must stay above the threshold (None: the
+      checkpoint's `success_hold`, 2 for rt1-rlvr). A success the real env gives persists; many the model invents
+      last one frame.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
@@ -405,9 +434,11 @@ class RT1WorldEnv(gym.Env):
         device: str = "cpu",
         uncertainty_penalty: float = 0.0,
         halt_uncertainty: float | None = None,
+        success_hold: int | None = None,
     ):
         _check_args(horizon, render_mode, self.metadata["render_modes"])
-        self.sim = _Simulator.load(checkpoint, task, temperature, device, Guard(uncertainty_penalty, halt_uncertainty))
+        self.sim = _Simulator.load(checkpoint, task, temperature, device, Guard(uncertainty_penalty, halt_uncertainty),
+                                   success_hold)
         self.horizon = horizon
         self.task = task
         self.temperature = temperature
@@ -483,13 +514,15 @@ class RT1WorldVectorEnv(VectorEnv):
         device: str = "cpu",
         uncertainty_penalty: float = 0.0,
         halt_uncertainty: float | None = None,
+        success_hold: int | None = None,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         _check_args(horizon, render_mode, self.metadata["render_modes"])
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
-        self.sim = _Simulator.load(checkpoint, task, temperature, device, Guard(uncertainty_penalty, halt_uncertainty))
+        self.sim = _Simulator.load(checkpoint, task, temperature, device, Guard(uncertainty_penalty, halt_uncertainty),
+                                   success_hold)
         self.num_envs = num_envs
         self.horizon = horizon
         self.task = task
