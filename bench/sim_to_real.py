@@ -216,12 +216,15 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
     fig.savefig(OUT / "sim_to_real.png", dpi=110)
     plt.close(fig)
     for task, by_seed in runs.items():
-        loop = interval([c["loop"][-1]["real_success"] for c in by_seed.values()])[0]
-        mle = interval([c["loop-mle"][-1]["real_success"] for c in by_seed.values()])[0]
-        real1 = interval([c["real-1x"][-1]["real_success"] for c in by_seed.values()])[0]
-        lines.append(f"- {task}: the loop ends at {loop:.2f} real success against {real1:.2f} for the agent in the real env "
-                     f"with the same real steps ({'ahead' if loop > real1 else 'not ahead'}); RLVR refits "
-                     f"{'beat' if loop > mle else 'do not beat'} MLE-only refits ({loop:.2f} against {mle:.2f}).")
+        (loop, loop_half), (mle, mle_half), (real1, real1_half) = (
+            interval([c[arm][-1]["real_success"] for c in by_seed.values()]) for arm in ("loop", "loop-mle", "real-1x"))
+        # "Ahead" or "beats" only when the intervals over seeds do not overlap.
+        lines.append(f"- {task}: the loop ends at {loop:.2f} ± {loop_half:.2f} real success against {real1:.2f} ± "
+                     f"{real1_half:.2f} for the agent in the real env with the same real steps "
+                     f"({'ahead' if loop - loop_half > real1 + real1_half else 'not ahead'}); RLVR refits end at "
+                     f"{loop:.2f} against {mle:.2f} ± {mle_half:.2f} for MLE-only refits "
+                     f"({'RLVR ahead' if loop - loop_half > mle + mle_half else 'no difference beyond the intervals'}"
+                     f"{', MLE ahead' if mle - mle_half > loop + loop_half else ''}).")
     report = [f"# Sim-to-real: the co-training loop against the same agent in the real env ({', '.join(runs)}; "
               f"seeds {args.seeds})", "",
               f"World models {args.checkpoint} (tabletop, PPO) and {args.text_checkpoint} (text, DQN); {args.rounds} "
