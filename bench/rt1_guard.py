@@ -97,7 +97,7 @@ def hold_rows(jobs: list[dict], holds: list[int]) -> list[dict]:
         for job in jobs:
             by_policy.setdefault(job["policy"], []).append((success_step(job, hold) is not None, job["real"]))
         rates = {name: np.mean(pairs, axis=0) for name, pairs in by_policy.items()}
-        false = [max(0.0, learned - real) for name, (learned, real) in rates.items() if not name.startswith("scripted")]
+        false = [max(0.0, paid - given) for name, (paid, given) in rates.items() if not name.startswith("scripted")]
         row = {"hold": hold, "probe false success, mean": float(np.mean(false)), "largest": float(np.max(false))}
         for name in sorted(n for n in rates if n.startswith("scripted")):
             row[f"{name} learned / real"] = f"{rates[name][0]:.2f} / {rates[name][1]:.2f}"
