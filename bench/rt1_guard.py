@@ -32,7 +32,7 @@ from gymnasium.vector import AutoresetMode
 from envs.robot import TASKS, RealRT1Env, make_scripted_policy
 from rlvr_gym.data.robot import load_initial_states
 from rlvr_gym.evaluation.policies import real_rollout, scripted_seed, select_rows
-from rlvr_gym.evaluation.probe import rt1_probe_actions
+from rlvr_gym.evaluation.probe import real_probe_episodes
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.sim.robot import DEFAULT_HORIZON, RT1WorldVectorEnv
@@ -41,7 +41,8 @@ OUT = Path("runs/bench")
 
 
 def episodes(checkpoint: str, starts: int, horizon: int) -> list[dict]:
-    """Action sequences (scripted and probe policies) with their real outcome, from the checkpoint's start states."""
+    """Action sequences (scripted skills and the probe's policies) with their real outcome, from the checkpoint's
+    start states."""
     states = load_initial_states(RobotWorldModel.resolve(checkpoint))
     envs = {}
     jobs = []
@@ -52,13 +53,9 @@ def episodes(checkpoint: str, starts: int, horizon: int) -> list[dict]:
             real = real_rollout(env, seed, make_scripted_policy(task, skill, scripted_seed(0, seed)), to_horizon=True)
             jobs.append({"policy": f"scripted-{skill}", "task": task, "row": int(row), "actions": real.actions,
                          "real": real.success})
-        for name, actions in rt1_probe_actions(horizon, np.random.default_rng([0, seed])).items():
-            steps = iter(actions)
-            real = real_rollout(env, seed, lambda _frame, _info: next(steps))
-            jobs.append({"policy": name, "task": task, "row": int(row), "actions": actions, "real": real.success})
     for env in envs.values():
         env.close()
-    return jobs
+    return jobs + real_probe_episodes(checkpoint, starts, horizon, seed=0)
 
 
 def learned(checkpoint: str, jobs: list[dict], horizon: int) -> None:

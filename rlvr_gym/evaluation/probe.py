@@ -91,48 +91,58 @@ def rt1_probe_actions(horizon: int, rng: np.random.Generator) -> dict[str, np.nd
     return {"no-op": actions.pop("no-op"), "uniform-random": random, **actions}
 
 
+def real_probe_episodes(checkpoint: str, starts: int, horizon: int, seed: int) -> list[dict]:
+    """Every probe policy from the checkpoint's first `starts` initial states per task in the real tabletop:
+    {"row", "task", "policy", "actions" (horizon, 7), "real" (success)} per episode."""
+    from envs.robot import RealRT1Env
+    from rlvr_gym.data.robot import load_initial_states
+    from rlvr_gym.evaluation.policies import real_rollout, select_rows
+    from rlvr_gym.models.robot_world_model import RobotWorldModel
+
+    states = load_initial_states(RobotWorldModel.resolve(checkpoint))
+    rows = select_rows(states, None, starts)
+    envs = {task: RealRT1Env(task=task, horizon=horizon) for task in sorted(set(states.tasks[rows].tolist()))}
+    episodes = []
+    try:
+        for row in tqdm(rows, desc="real env", unit="state", leave=False):
+            task, env_seed = str(states.tasks[row]), int(states.seeds[row])
+            for name, actions in rt1_probe_actions(horizon, np.random.default_rng([seed, env_seed])).items():
+                steps = iter(actions)
+                outcome = real_rollout(envs[task], env_seed, lambda _frame, _info: next(steps),
+                                       expected_frame=states.frames[row])
+                episodes.append({"row": int(row), "task": task, "policy": name, "actions": actions,
+                                 "real": outcome.success})
+    finally:
+        for env in envs.values():
+            env.close()
+    return episodes
+
+
 def probe_rt1(config: ProbeConfig) -> dict:
     """The probe in the MuJoCo tabletop and RLVRWorld-RT1-v0 from the checkpoint's initial states."""
     from gymnasium.vector import AutoresetMode
 
-    from envs.robot import RealRT1Env
-    from rlvr_gym.data.robot import load_initial_states
-    from rlvr_gym.evaluation.policies import Job, learned_rollouts, real_rollout, select_rows
-    from rlvr_gym.models.robot_world_model import RobotWorldModel
+    from rlvr_gym.evaluation.policies import Job, learned_rollouts
     from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON, RT1WorldVectorEnv
 
     torch.set_num_threads(1)
     checkpoint = config.checkpoint or DEFAULT_CHECKPOINT
     horizon = config.steps or DEFAULT_HORIZON
-    states = load_initial_states(RobotWorldModel.resolve(checkpoint))
-    rows = select_rows(states, None, config.starts)
-    real_envs = {task: RealRT1Env(task=task, horizon=horizon) for task in sorted(set(states.tasks[rows].tolist()))}
-    learned: dict[str, list[bool]] = {}
-    real: dict[str, list[bool]] = {}
-    jobs, names = [], []
-    tasks, real_all = [], []
-    for row in tqdm(rows, desc="real env", unit="state", leave=False):
-        env_seed = int(states.seeds[row])
-        rng = np.random.default_rng([config.seed, env_seed])
-        for name, actions in rt1_probe_actions(horizon, rng).items():
-            steps = iter(actions)
-            outcome = real_rollout(real_envs[str(states.tasks[row])], env_seed, lambda _frame, _info: next(steps),
-                                   expected_frame=states.frames[row])
-            real.setdefault(name, []).append(outcome.success)
-            real_all.append(outcome.success)
-            jobs.append(Job(int(row), actions=actions))
-            names.append(name)
-            tasks.append(str(states.tasks[row]))
-    for env in real_envs.values():
-        env.close()
+    episodes = real_probe_episodes(checkpoint, config.starts, horizon, config.seed)
+    jobs = [Job(e["row"], actions=e["actions"]) for e in episodes]
     venv = RT1WorldVectorEnv(num_envs=min(32, len(jobs)), checkpoint=checkpoint, horizon=horizon,
                              autoreset_mode=AutoresetMode.DISABLED)
     learned_all = [success for success, _, _ in learned_rollouts(venv, jobs, config.seed)]
     venv.close()
-    for name, success in zip(names, learned_all):
-        learned.setdefault(name, []).append(success)
+    learned: dict[str, list[bool]] = {}
+    real: dict[str, list[bool]] = {}
+    for episode, success in zip(episodes, learned_all):
+        learned.setdefault(episode["policy"], []).append(success)
+        real.setdefault(episode["policy"], []).append(episode["real"])
+    tasks, names = [e["task"] for e in episodes], [e["policy"] for e in episodes]
     return write_report({**summarize("rt1", checkpoint, learned, real),
-                         "false_success_per_task": per_task_false_success(tasks, names, learned_all, real_all)}, config)
+                         "false_success_per_task": per_task_false_success(tasks, names, learned_all,
+                                                                          [e["real"] for e in episodes])}, config)
 
 
 def per_task_false_success(tasks: list[str], names: list[str], learned: list[bool], real: list[bool]) -> list[dict]:

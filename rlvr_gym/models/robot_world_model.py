@@ -58,7 +58,7 @@ class WorldModelSettings:
 
     def __post_init__(self):
         if not isinstance(self.success_hold, int) or self.success_hold < 1:
-            raise TypeError(f"success_hold must be an int >= 1, got {self.success_hold!r}")
+            raise ValueError(f"success_hold must be an int >= 1, got {self.success_hold!r}")
 
     def success_threshold(self, task: str) -> float:
         return self.success_thresholds.get(task, DEFAULT_SUCCESS_THRESHOLD)
@@ -205,7 +205,7 @@ class RobotWorldModel:
             raise CheckpointError(f"{meta_file} is corrupt: {error}") from error
         try:
             settings = WorldModelSettings(**meta["settings"])
-        except (KeyError, TypeError) as error:
+        except (KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"{meta_file} has no valid settings ({error}); this code reads {list(asdict(WorldModelSettings()))}") from None
         frame_tokenizer = load_frame_tokenizer(path / "frame_tokenizer")
         expected = layout(frame_tokenizer.config.tokens_per_side**2)

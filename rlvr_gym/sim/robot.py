@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,11 +107,9 @@ class _Simulator:
              device: str | torch.device = "cpu", guard: Guard | None = None, success_hold: int | None = None) -> _Simulator:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if success_hold is not None and (not isinstance(success_hold, (int, np.integer)) or success_hold < 1):
-            raise ValueError(f"success_hold must be an int >= 1 (or None: the checkpoint's), got {success_hold!r}")
         world = RobotWorldModel.load(checkpoint, device)
-        if success_hold is not None:
-            world.settings.success_hold = int(success_hold)
+        if success_hold is not None:  # None: the checkpoint's; the settings check the value
+            world.settings = replace(world.settings, success_hold=success_hold)
         states = load_initial_states(RobotWorldModel.resolve(checkpoint))
         if task is not None:
             rows = np.flatnonzero(states.tasks == task)
