@@ -107,6 +107,14 @@ class CoTrainConfig:
     """MLE learning rate of the refit."""
     grpo_steps: int = 10
     """GRPO steps per refit after the MLE ones (0: MLE-only refits, the ablation)."""
+    recalibrate: bool = True
+    """RT-1: after each refit, set the task's success threshold afresh from open-loop replays of real episodes (every
+    agent episode so far, and up to `calibration_replay` of the replay's for the task; `sim.robot.recalibrate_task`):
+    a refit shifts the success probabilities of the frames it draws, and a threshold calibrated on the shipped model
+    then pays, or withholds, success the real env does not."""
+    calibration_replay: int = 32
+    """RT-1: replay episodes of the task in each recalibration (when `replay` is given). Without real successes and
+    failures among the episodes the threshold stays as it is."""
     surprise_prompts: float = 0.5
     """Fraction of the GRPO prompts from the steps where the refitted simulator was most wrong about the real next
     frame, state or success (`RT1RLVRConfig.surprise_prompts`, `TextGameRLVRConfig.surprise_prompts`)."""
@@ -292,7 +300,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     mle_dir = save_with_initial_states(world, state.world, out / "world_mle")
     save_initial_states(mle_dir, seen, n=len(seen))  # the simulator resets from the starts the agent has seen
     if config.grpo_steps == 0:
-        return str(mle_dir)
+        return recalibrate_rt1(mle_dir, config, seen, out)
     grpo = GRPOConfig(steps=config.grpo_steps, lr=3e-5, prompts_per_step=4, group_size=8, beta=0.0, temperature=0.5,
                       save_every=max(config.grpo_steps, 1), seed=config.seed,
                       resume=(out / "rlvr" / "checkpoints").exists())
@@ -300,7 +308,29 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
                            rollout_depth=1, surprise_prompts=config.surprise_prompts, seed=config.seed, grpo=grpo)
     rlvr_dir = run_rt1_rlvr(recipe)
     save_initial_states(rlvr_dir, seen, n=len(seen))
-    return str(rlvr_dir)
+    return recalibrate_rt1(rlvr_dir, config, seen, out)
+
+
+def recalibrate_rt1(world_dir: Path, config: CoTrainConfig, seen: list, out: Path) -> str:
+    """The refitted world's success threshold for the task, set from replays of the agent's real episodes and the
+    replay's (`CoTrainConfig.recalibrate`); the result in out/calibration.json."""
+    from rlvr_gym.data.episodes import load_episodes
+    from rlvr_gym.sim.robot import recalibrate_task
+
+    if not config.recalibrate:
+        return str(world_dir)
+    replay = [e for e in load_episodes(config.replay) if e.task == config.task] if config.replay else []
+    chosen = np.random.default_rng(config.seed).permutation(len(replay))[: config.calibration_replay]
+    episodes = [e for e in seen if e.task == config.task] + [replay[i] for i in sorted(chosen)]
+    if len({bool(e.succeeded) for e in episodes}) < 2:
+        log.info("round %s: no recalibration, the real %s episodes hold no %s", out.name, config.task,
+                 "failure" if episodes and episodes[0].succeeded else "success")
+        return str(world_dir)
+    result = recalibrate_task(world_dir, config.task, episodes)
+    atomic_write_text(out / "calibration.json", json.dumps(result, indent=1))
+    log.info("round %s: %s threshold %.3g (balanced accuracy %.2f on %d real episodes, %d successes)", out.name,
+             config.task, result["threshold"], result["balanced_accuracy"], len(episodes), result["real_successes"])
+    return str(world_dir)
 
 
 def learned_success_rt1(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
@@ -444,7 +474,7 @@ def check_config(config: CoTrainConfig) -> None:
 
         if config.task not in TASKS:
             raise ValueError(f"unknown task {config.task!r}: use one of {TASKS}")
-    for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "n_steps"):
+    for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "n_steps", "calibration_replay"):
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
     if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0 \

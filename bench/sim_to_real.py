@@ -124,6 +124,32 @@ def frozen_arm(config: CoTrainConfig) -> list[dict]:
     return points
 
 
+REAL_ARM_FIELDS = ("env", "algo", "task", "seed", "rounds", "eval_episodes", "horizon", "frame_size", "learning_rate")
+
+
+def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
+    """What an arm's curve depends on: a real-env arm on the agent and the scoring alone (and, for the text games,
+    the world's start states, which are its games); the frozen arm on every setting and the world model's own."""
+    if arm.startswith("real") and config.env == RT1_ENV:
+        key = {name: getattr(config, name) for name in REAL_ARM_FIELDS}
+    else:
+        key = {**asdict(config), "world": world_fingerprint(config)}
+    return {**key, **extra}
+
+
+def world_fingerprint(config: CoTrainConfig) -> str:
+    """A hash of the starting world model's settings files, so that a changed checkpoint (say, a new success
+    threshold or hold) is not read from an old curve."""
+    import hashlib
+
+    world = Path(resolve_world(config))
+    digest = hashlib.sha256()
+    for name in ("world_model.json", "config.json", "generation_config.json"):
+        if (world / name).is_file():
+            digest.update((world / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cached(path: Path, key: dict, compute) -> list[dict]:
     """An arm's curve, computed once for its settings: a rerun, or the run that gathers seeds other processes ran,
     reuses it (the loop arms resume from their own run directories)."""
@@ -176,10 +202,11 @@ def main() -> None:
                 run_cotrain(config)
                 curves[name] = [json.loads(line) for line in (Path(config.out) / "rounds.jsonl").read_text().splitlines()]
             directory = OUT / "sim_to_real" / task
-            curves["frozen"] = cached(directory / f"frozen-{seed}.json", asdict(base), lambda: frozen_arm(base))
+            curves["frozen"] = cached(directory / f"frozen-{seed}.json", arm_key(base, "frozen"),
+                                      lambda: frozen_arm(base))
             budget = curves["loop"][-1]["real_steps_total"]
             for name, scale in (("real-1x", 1), ("real-10x", 10)):
-                curves[name] = cached(directory / f"{name}-{seed}.json", {**asdict(base), "budget": scale * budget},
+                curves[name] = cached(directory / f"{name}-{seed}.json", arm_key(base, name, budget=scale * budget),
                                       lambda scale=scale: real_arm(base, scale * budget, args.rounds))
             runs.setdefault(task, {})[seed] = curves
             (OUT / "sim_to_real.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))

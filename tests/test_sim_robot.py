@@ -1,5 +1,6 @@
 """The learned robot simulator RLVRWorld-RT1-v0: single env, batched VectorEnv and SB3 adapter, on a tiny real world model."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -22,7 +23,15 @@ from rlvr_gym.models.lm import CheckpointError, LlamaSize
 from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.sim import register_envs
-from rlvr_gym.sim.robot import CalibrateConfig, RT1WorldEnv, RT1WorldVectorEnv, best_threshold, calibrate, held_score
+from rlvr_gym.sim.robot import (
+    CalibrateConfig,
+    RT1WorldEnv,
+    RT1WorldVectorEnv,
+    best_threshold,
+    calibrate,
+    held_score,
+    recalibrate_task,
+)
 from rlvr_gym.sim.sb3 import SB3VecEnv
 from rlvr_gym.train.frame_tokenizer import TokenizerConfig, train_frame_tokenizer
 from rlvr_gym.train.rt1_mle import RT1MLEConfig, run_rt1_mle
@@ -330,6 +339,16 @@ def test_calibration_writes_per_task_thresholds_that_the_sim_uses(tiny_world, tm
                                        episodes_per_task=2, max_trivial_success=0.0))
     assert capped["tasks"]["open_drawer"]["trivial_failures_called"] == 0.0
     assert both["tasks"]["close_drawer"]["episodes"] == result["tasks"]["close_drawer"]["episodes"]
+    # One task recalibrated on given real episodes (as the co-training loop does after a refit): the others kept.
+    before = RobotWorldModel.load(calibrated).settings.success_thresholds
+    episodes = load_episodes(tmp_path / "trivial")[:2]  # open_drawer
+    episodes[0] = dataclasses.replace(episodes[0], success=np.ones_like(episodes[0].success))
+    episodes[1] = dataclasses.replace(episodes[1], success=np.zeros_like(episodes[1].success))
+    one = recalibrate_task(calibrated, "open_drawer", episodes)
+    after = RobotWorldModel.load(calibrated).settings.success_thresholds
+    assert (one["episodes"], one["real_successes"]) == (2, 1) and 0.5 <= one["balanced_accuracy"] <= 1
+    assert after["open_drawer"] == one["threshold"] and {k: v for k, v in after.items() if k != "open_drawer"} \
+        == {k: v for k, v in before.items() if k != "open_drawer"}
 
     # A threshold of 0 makes every predicted frame a success: the env must end at its first step.
     model = RobotWorldModel.load(calibrated)

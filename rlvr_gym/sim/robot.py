@@ -303,8 +303,7 @@ def calibrate(config: CalibrateConfig) -> dict[str, Any]:
         raise ValueError(f"episodes_per_task must be >= 2, got {config.episodes_per_task}")
     torch.set_num_threads(1)
     sim = _Simulator.load(path, None, 0.0)
-    # Replays feed back success flags at the default threshold, so a recalibration does not depend on the last one.
-    sim.world.settings.success_thresholds = {}
+    sim.world.settings.success_thresholds = {}  # a task without episodes goes back to the default threshold
     excluded = set(sim.states.seeds.tolist())
     rng = np.random.default_rng(config.seed)
     by_task: dict[str, list[Episode]] = {}
@@ -318,20 +317,38 @@ def calibrate(config: CalibrateConfig) -> dict[str, Any]:
             by_task.setdefault(task, []).extend(chosen)
     result: dict[str, Any] = {"checkpoint": str(path), "tasks": {}}
     for task, chosen in sorted(by_task.items()):
-        succeeded = np.array([e.succeeded for e in chosen])
-        probs = replay_success_scores(sim, chosen, config.num_envs)
         trivial = np.array([e.policy.startswith("trivial:") or e.policy == "random" for e in chosen])
-        threshold, score = best_threshold(probs, succeeded, trivial, config.max_trivial_success)
-        base = balanced_accuracy(probs, succeeded, DEFAULT_SUCCESS_THRESHOLD)
-        sim.world.settings.success_thresholds[task] = threshold
-        failed_trivial = trivial & ~succeeded
-        result["tasks"][task] = {
-            "threshold": threshold, "balanced_accuracy": score, "balanced_accuracy_at_0.5": base,
-            "episodes": len(chosen), "real_successes": int(succeeded.sum()),
-            "successes_called": float(np.mean(probs[succeeded] > threshold)) if succeeded.any() else None,
-            "trivial_failures_called": float(np.mean(probs[failed_trivial] > threshold)) if failed_trivial.any() else None,
-        }
+        result["tasks"][task] = calibrate_task(sim, task, chosen, trivial, config.max_trivial_success, config.num_envs)
     sim.world.save_settings(path)
+    return result
+
+
+def calibrate_task(sim: _Simulator, task: str, episodes: Sequence[Episode], trivial: np.ndarray | None = None,
+                   max_trivial_success: float = 1.0, num_envs: int = 64) -> dict[str, Any]:
+    """Set `task`'s success threshold in `sim.world.settings` (not saved) to the one that best separates the open-loop
+    replays of the real episodes that succeeded from those that did not (`best_threshold`); returns how well."""
+    succeeded = np.array([e.succeeded for e in episodes], dtype=bool)
+    # Replays feed back success flags at the default threshold, so a recalibration does not depend on the last one.
+    sim.world.settings.success_thresholds.pop(task, None)
+    scores = replay_success_scores(sim, episodes, num_envs)
+    threshold, accuracy = best_threshold(scores, succeeded, trivial, max_trivial_success)
+    sim.world.settings.success_thresholds[task] = threshold
+    failed_trivial = np.zeros(len(episodes), bool) if trivial is None else np.asarray(trivial, bool) & ~succeeded
+    return {
+        "threshold": threshold, "balanced_accuracy": accuracy,
+        "balanced_accuracy_at_0.5": balanced_accuracy(scores, succeeded, DEFAULT_SUCCESS_THRESHOLD),
+        "episodes": len(episodes), "real_successes": int(succeeded.sum()),
+        "successes_called": float(np.mean(scores[succeeded] > threshold)) if succeeded.any() else None,
+        "trivial_failures_called": float(np.mean(scores[failed_trivial] > threshold)) if failed_trivial.any() else None,
+    }
+
+
+def recalibrate_task(checkpoint: str | os.PathLike, task: str, episodes: Sequence[Episode]) -> dict[str, Any]:
+    """Set one task's success threshold in a world-model directory from real episodes of it (`calibrate_task`, by
+    balanced accuracy alone) and save it there; returns how well it separates them."""
+    sim = _Simulator.load(checkpoint, task, 0.0)
+    result = calibrate_task(sim, task, episodes, num_envs=min(len(episodes), 64))
+    sim.world.save_settings(Path(checkpoint))
     return result
 
 
