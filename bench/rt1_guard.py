@@ -35,7 +35,7 @@ from rlvr_gym.evaluation.policies import real_rollout, scripted_seed, select_row
 from rlvr_gym.evaluation.probe import real_probe_episodes
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.models.robot_world_model import RobotWorldModel
-from rlvr_gym.sim.robot import DEFAULT_HORIZON, RT1WorldVectorEnv
+from rlvr_gym.sim.robot import DEFAULT_HORIZON, RT1WorldVectorEnv, first_held_step
 
 OUT = Path("runs/bench")
 
@@ -79,12 +79,7 @@ def learned(checkpoint: str, jobs: list[dict], horizon: int) -> None:
 
 def success_step(job: dict, hold: int) -> int | None:
     """The step at which the learned env calls success with this hold (None: never)."""
-    held = 0
-    for t, prob in enumerate(job["probs"]):
-        held = held + 1 if prob > job["threshold"] else 0
-        if held >= hold:
-            return t
-    return None
+    return first_held_step(job["probs"], job["threshold"], hold)
 
 
 def hold_rows(jobs: list[dict], holds: list[int]) -> list[dict]:

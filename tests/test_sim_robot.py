@@ -29,6 +29,7 @@ from rlvr_gym.sim.robot import (
     RT1WorldVectorEnv,
     best_threshold,
     calibrate,
+    first_held_step,
     held_score,
     recalibrate_task,
 )
@@ -316,6 +317,12 @@ def test_held_score_is_the_best_probability_kept_for_hold_frames():
     assert held_score(probs, 1) == 0.9
     assert held_score(probs, 2) == 0.7, "0.9 lasts one frame; 0.8 then 0.7 hold 0.7 for two"
     assert held_score(probs, 6) == 0.0
+    # The env's rule: success at the first step that ends `hold` frames above the threshold; called exactly when the
+    # episode's held score beats the threshold, which is what calibration relies on.
+    assert first_held_step(probs, 0.75, 1) == 1 and first_held_step(probs, 0.65, 2) == 4
+    for hold in (1, 2, 3, 6):
+        for threshold in (0.05, 0.5, 0.65, 0.75, 0.85, 0.95):
+            assert (first_held_step(probs, threshold, hold) is not None) == (held_score(probs, hold) > threshold)
 
 
 def test_calibration_writes_per_task_thresholds_that_the_sim_uses(tiny_world, tmp_path):

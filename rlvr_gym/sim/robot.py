@@ -247,6 +247,17 @@ def held_score(probs: Sequence[float], hold: int) -> float:
     return float(np.lib.stride_tricks.sliding_window_view(probs, hold).min(axis=1).max())
 
 
+def first_held_step(probs: Sequence[float], threshold: float, hold: int) -> int | None:
+    """The step at which the simulator calls success on these per-step success probabilities: the first at which the
+    last `hold` of them all exceed the threshold (None: never; exactly when `held_score` <= threshold)."""
+    held = 0
+    for t, prob in enumerate(probs):
+        held = held + 1 if prob > threshold else 0
+        if held >= hold:
+            return t
+    return None
+
+
 def replay_success_scores(sim: _Simulator, episodes: Sequence[Episode], num_envs: int = 64) -> np.ndarray:
     """Replay each episode's real actions open loop from its first frame (greedy); each one's `held_score` under the
     checkpoint's `success_hold` (with a hold of 1, the highest success probability of any predicted frame)."""
