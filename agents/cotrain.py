@@ -16,8 +16,9 @@ setup do, with RLVR in it:
       training data, when given), then by GRPO with the domain's verifiable reward (video: -(L1 + LPIPS); text:
       exact match of the next state) on prompts from this round's episodes, weighted toward the steps where the
       simulator was most wrong about the real next frame, state or success (`grpo_steps` 0 is the MLE-only ablation);
-      the tabletop simulator then resets from the real start states the agent has seen (the text simulator's start
-      states are already the real games the agent plays);
+      the tabletop simulator then resets from its own real start states and those the agent has seen, and sets its
+      success threshold afresh on replays of real episodes (the text simulator's start states are already the real
+      games the agent plays);
   (c) agent: the SB3 agent goes on learning inside the refitted simulator for `sim_steps` steps (batched sub-envs);
   (d) score: the agent in the real env from held-out start states (tabletop) or a fixed set of the games (text),
       and in the learned env from the same starts.
@@ -281,7 +282,13 @@ def agent_episode(env, agent: BaseAlgorithm, seed: int, config: CoTrainConfig, r
 
 def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
     from rlvr_gym.data.episodes import load_episodes
-    from rlvr_gym.data.robot import episode_codes, mle_examples, save_initial_states
+    from rlvr_gym.data.robot import (
+        episode_codes,
+        load_initial_states,
+        mle_examples,
+        with_episode_starts,
+        write_initial_states,
+    )
     from rlvr_gym.models.lm import load_model
     from rlvr_gym.models.robot_world_model import RobotWorldModel
     from rlvr_gym.train.robot import save_with_initial_states
@@ -298,7 +305,10 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
                     save_every=max(config.mle_steps, 1), seed=config.seed, resume=(out / "mle" / "checkpoints").exists())
     world.lm = load_model(train_sft(sft, examples))[0].eval()
     mle_dir = save_with_initial_states(world, state.world, out / "world_mle")
-    save_initial_states(mle_dir, seen, n=len(seen))  # the simulator resets from the starts the agent has seen
+    # The simulator resets from its own real start states and every one the agent has seen: with the agent's alone,
+    # the first round's agent would learn from a handful of starts.
+    starts = with_episode_starts(load_initial_states(state.world), seen)
+    write_initial_states(mle_dir, starts)
     if config.grpo_steps == 0:
         return recalibrate_rt1(mle_dir, config, seen, out)
     grpo = GRPOConfig(steps=config.grpo_steps, lr=3e-5, prompts_per_step=4, group_size=8, beta=0.0, temperature=0.5,
@@ -307,7 +317,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     recipe = RT1RLVRConfig(data=str(out / "real"), model=str(mle_dir), out=str(out / "rlvr"), horizon=1,
                            rollout_depth=1, surprise_prompts=config.surprise_prompts, seed=config.seed, grpo=grpo)
     rlvr_dir = run_rt1_rlvr(recipe)
-    save_initial_states(rlvr_dir, seen, n=len(seen))
+    write_initial_states(rlvr_dir, starts)
     return recalibrate_rt1(rlvr_dir, config, seen, out)
 
 

@@ -17,7 +17,13 @@ from stable_baselines3.common.vec_env import VecMonitor
 import rlvr_gym  # noqa: F401  (registers the env ids)
 from rlvr_gym.data import video_tokens as V
 from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
-from rlvr_gym.data.robot import INITIAL_STATES, load_initial_states, save_initial_states
+from rlvr_gym.data.robot import (
+    INITIAL_STATES,
+    load_initial_states,
+    save_initial_states,
+    with_episode_starts,
+    write_initial_states,
+)
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.models.lm import CheckpointError, LlamaSize
 from rlvr_gym.models.motion_refiner import MotionRefiner, MotionRefinerConfig
@@ -78,6 +84,12 @@ def test_initial_states_round_trip_and_are_checked(tiny_world, tmp_path):
     np.testing.assert_array_equal(states.frames[0], episodes[0].frames[0])
     assert states.seeds.tolist() == [e.seed for e in episodes[:3]]
     assert states.instructions[0] == episodes[0].instruction
+    # The co-training loop adds the starts of the agent's episodes, each real-env seed once.
+    grown = with_episode_starts(states, episodes + episodes[:1])
+    assert grown.seeds.tolist() == [e.seed for e in episodes[:3]] + [e.seed for e in episodes[3:]]
+    write_initial_states(tmp_path / "grown", grown)
+    np.testing.assert_array_equal(load_initial_states(tmp_path / "grown").frames, grown.frames)
+    assert with_episode_starts(grown, episodes) is grown
     with pytest.raises(CheckpointError, match="save_initial_states"):
         load_initial_states(tmp_path / "nowhere")
     (tmp_path / INITIAL_STATES).write_bytes(b"not a zip")

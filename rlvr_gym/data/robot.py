@@ -67,16 +67,38 @@ def save_initial_states(world_dir: str | os.PathLike, episodes: Sequence[Episode
         for queue in by_task.values():
             if queue and len(chosen) < n:
                 chosen.append(queue.popleft())
+    return write_initial_states(world_dir, episode_starts(chosen))
+
+
+def episode_starts(episodes: Sequence[Episode]) -> InitialStates:
+    """The first frames of the episodes, with their tasks, instructions and seeds."""
+    return InitialStates(np.stack([e.frames[0] for e in episodes]).astype(np.uint8),
+                         np.array([e.task for e in episodes], dtype=str),
+                         np.array([e.instruction for e in episodes], dtype=str),
+                         np.array([e.seed for e in episodes], dtype=np.int64))
+
+
+def with_episode_starts(states: InitialStates, episodes: Sequence[Episode]) -> InitialStates:
+    """`states` followed by the first frames of the episodes whose real-env seeds it does not hold yet."""
+    known, new = set(states.seeds.tolist()), []
+    for episode in episodes:
+        if episode.seed not in known:
+            known.add(episode.seed)
+            new.append(episode)
+    if not new:
+        return states
+    added = episode_starts(new)
+    return InitialStates(*(np.concatenate([getattr(states, name), getattr(added, name)])
+                           for name in ("frames", "tasks", "instructions", "seeds")))
+
+
+def write_initial_states(world_dir: str | os.PathLike, states: InitialStates) -> Path:
+    """Store `states` as WORLD_DIR/initial_states.npz, with the real env's versions they came from."""
     path = Path(world_dir) / INITIAL_STATES
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
-    np.savez_compressed(
-        tmp,
-        frames=np.stack([e.frames[0] for e in chosen]).astype(np.uint8),
-        tasks=np.array([e.task for e in chosen], dtype=str),
-        instructions=np.array([e.instruction for e in chosen], dtype=str),
-        seeds=np.array([e.seed for e in chosen], dtype=np.int64),
-    )
+    np.savez_compressed(tmp, frames=states.frames.astype(np.uint8), tasks=states.tasks.astype(str),
+                        instructions=states.instructions.astype(str), seeds=states.seeds.astype(np.int64))
     os.replace(tmp, path)
     write_real_env_versions(world_dir, "rt1")
     return path
