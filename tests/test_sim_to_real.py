@@ -1,0 +1,30 @@
+"""The sim-to-real benchmark's cache: an arm's saved curve is reused exactly when what it depends on is unchanged."""
+
+import json
+from dataclasses import replace
+
+from agents.cotrain import TEXT_ENV, CoTrainConfig
+from bench.sim_to_real import arm_key
+
+
+def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_too(tmp_path):
+    (tmp_path / "world_model.json").write_text(json.dumps({"settings": {"success_hold": 1}}))
+    config = CoTrainConfig(checkpoint=str(tmp_path), task="close_drawer", seed=0)
+    loop_only = replace(config, mle_steps=5, grpo_steps=0, out="elsewhere", recalibrate=False)
+    # A tabletop real arm never touches the world model or the refits.
+    assert arm_key(config, "real-1x", budget=100) == arm_key(loop_only, "real-1x", budget=100)
+    for other in (replace(config, seed=1), replace(config, task="open_drawer"), replace(config, eval_episodes=4)):
+        assert arm_key(other, "real-1x", budget=100) != arm_key(config, "real-1x", budget=100)
+    assert arm_key(config, "real-1x", budget=100) != arm_key(config, "real-1x", budget=200)
+    # The frozen arm trains in the world model: a new threshold or hold in the same directory is a new curve.
+    frozen = arm_key(config, "frozen")
+    assert frozen != arm_key(loop_only, "frozen")
+    (tmp_path / "world_model.json").write_text(json.dumps({"settings": {"success_hold": 2}}))
+    assert arm_key(config, "frozen") != frozen
+    # The text games' real arm plays the world's own start states, so it depends on the world as well.
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")  # resolved, never loaded
+    text = replace(config, env=TEXT_ENV, algo="dqn")
+    before = arm_key(text, "real-1x", budget=100)
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    assert arm_key(text, "real-1x", budget=100) != before
