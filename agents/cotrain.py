@@ -119,6 +119,10 @@ class CoTrainConfig:
     surprise_prompts: float = 0.5
     """Fraction of the GRPO prompts from the steps where the refitted simulator was most wrong about the real next
     frame, state or success (`RT1RLVRConfig.surprise_prompts`, `TextGameRLVRConfig.surprise_prompts`)."""
+    shaping: float = 0.0
+    """RT-1: weight of the dense reward the agent gets in the learned sim on top of its success, the change in the
+    log-odds of success it reads off each imagined frame (`agents.robot.VecShaped`); 0: success alone. The real env
+    scores success alone either way."""
     learning_rate: float = 0.0
     """Agent learning rate; 0: 3e-4 for PPO, 1e-4 for DQN."""
     n_steps: int = 32
@@ -167,8 +171,9 @@ def load_state(config: CoTrainConfig, out: Path) -> State:
     if not path.is_file():
         return State(world=resolve_world(config))
     saved = json.loads(path.read_text())
-    recorded = json.loads((out / "config.json").read_text())
-    changed = {k for k, v in asdict(config).items() if recorded.get(k) != v and k != "rounds"}
+    # A setting added since the run began is taken at its default, the behaviour the run had.
+    recorded = {**asdict(CoTrainConfig()), **json.loads((out / "config.json").read_text())}
+    changed = {k for k, v in asdict(config).items() if recorded[k] != v and k != "rounds"}
     if changed:
         raise ValueError(f"{out} holds a run with other settings ({sorted(changed)}); resume it with the same "
                          "flags (only --rounds may grow) or pick another --out")
@@ -220,7 +225,8 @@ def make_sim_env(config: CoTrainConfig, world: str):
     if config.env == RT1_ENV:
         from agents.robot import make_sim_env as make_rt1_env
 
-        return make_rt1_env(world, config.num_envs, config.task, config.steps_per_episode, config.frame_size)
+        return make_rt1_env(world, config.num_envs, config.task, config.steps_per_episode, config.frame_size,
+                            shaping=config.shaping)
     from rlvr_gym.sim.sb3 import SB3VecEnv
     from rlvr_gym.sim.textgame import TextGameDiscreteVectorEnv
 
@@ -488,8 +494,9 @@ def check_config(config: CoTrainConfig) -> None:
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
     if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0 \
-            or config.learning_rate < 0:
-        raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration and --learning-rate >= 0")
+            or config.learning_rate < 0 or config.shaping < 0:
+        raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration, --learning-rate and "
+                         "--shaping >= 0")
     if config.env == TEXT_ENV and config.exploration > 1:
         raise ValueError(f"--exploration is a probability for the text games, got {config.exploration}")
 

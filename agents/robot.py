@@ -51,6 +51,31 @@ class VecFrames(VecEnvWrapper):
         return policy_frames(obs, self.size), rewards, dones, infos
 
 
+class VecShaped(VecEnvWrapper):
+    """Add `weight` x the step's change in the log-odds of success the learned simulator reports
+    (`info["success_prob"]`; with a state reader, the task's success margin read off the imagined frame over
+    `state_reader.MARGIN_SCALE`) to its sparse reward: potential-based shaping (Ng, Harada and Russell 1999), which leaves the
+    best policy as it is and gives PPO a gradient towards the success it rarely reaches by chance. The first step of
+    an episode has no previous value and gets no shaping."""
+
+    def __init__(self, venv: VecEnv, weight: float):
+        super().__init__(venv)
+        self.weight = weight
+        self.previous = np.full(venv.num_envs, np.nan)
+
+    def reset(self) -> np.ndarray:
+        self.previous[:] = np.nan
+        return self.venv.reset()
+
+    def step_wait(self):
+        obs, rewards, dones, infos = self.venv.step_wait()
+        probs = np.clip(np.array([info["success_prob"] for info in infos], dtype=np.float64), 1e-12, 1 - 1e-12)
+        log_odds = np.log(probs) - np.log1p(-probs)
+        change = np.nan_to_num(log_odds - self.previous)
+        self.previous = np.where(dones, np.nan, log_odds)
+        return obs, rewards + (self.weight * change).astype(rewards.dtype), dones, infos
+
+
 def make_sim_env(
     checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT,
     num_envs: int = 16,
@@ -58,11 +83,16 @@ def make_sim_env(
     horizon: int = DEFAULT_HORIZON,
     frame_size: int = DEFAULT_FRAME_SIZE,
     temperature: float = 0.0,
+    shaping: float = 0.0,
 ) -> VecEnv:
-    """The batched learned simulator as an SB3 VecEnv (episode stats via VecMonitor), frames at `frame_size`."""
+    """The batched learned simulator as an SB3 VecEnv (episode stats of the sparse reward via VecMonitor), frames at
+    `frame_size`, with `shaping` > 0 the reward shaped by `VecShaped`."""
+    if shaping < 0:
+        raise ValueError(f"shaping is a weight >= 0, got {shaping}")
     venv = gym.make_vec("RLVRWorld-RT1-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
                         checkpoint=checkpoint, horizon=horizon, task=task, temperature=temperature)
-    return VecFrames(VecMonitor(SB3VecEnv(venv)), frame_size)
+    monitored = VecMonitor(SB3VecEnv(venv))
+    return VecFrames(VecShaped(monitored, shaping) if shaping else monitored, frame_size)
 
 
 def real_start_states(episodes: int, task: str | None = None, run: int = EVAL_SEED_RUN) -> list[tuple[str, int]]:

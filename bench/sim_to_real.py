@@ -5,8 +5,9 @@
     python -m bench.sim_to_real --tasks text --seeds 0 1 2 --rounds 3 --real-steps 200 --text-sim-steps 1024   # the text games
     python -m bench.sim_to_real --tasks open_drawer --seeds 0 --rounds 1 --real-steps 100 --sim-steps 512   # a smoke run
 
-Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ and reused by a rerun with the same settings,
-so seeds can run in parallel processes (`--seeds 0`, `--seeds 1`) and a last run with all seeds writes the report.
+Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
+`--shaping W` under TASK+shapingW/) and reused by a rerun with the same settings, so seeds can run in parallel
+processes (`--seeds 0`, `--seeds 1`) and a last run with all seeds writes the report.
 
 "Tasks" are tabletop tasks (PPO in RLVRWorld-RT1-v0) and `text` (DQN in RLVRWorld-TextGame-v0 on its 32 games).
 Arms, each from the same seeds, each point its real success against the real env steps it has taken so far (data
@@ -50,6 +51,7 @@ from agents.cotrain import (
 from rlvr_gym.evaluation.report import markdown_table
 
 OUT = Path("runs/bench")
+ARMS = ["loop", "loop-mle", "frozen", "real-1x", "real-10x"]
 T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
@@ -182,39 +184,50 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=8)
     parser.add_argument("--mle-steps", type=int, default=60)
     parser.add_argument("--grpo-steps", type=int, default=10)
+    parser.add_argument("--shaping", type=float, default=0.0,
+                        help="tabletop: weight of the shaped reward in the learned sim (`CoTrainConfig.shaping`)")
     parser.add_argument("--replay", default="", help="episodes mixed into every tabletop refit (`rlvr-gym collect rt1`)")
     parser.add_argument("--text-replay", default="", help="ByteSized32-format transitions mixed into every text refit")
+    parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS,
+                        help="arms to run and report; the real-env arms take the loop's real steps as their budget")
     args = parser.parse_args()
+    if "loop" not in args.arms:
+        parser.error("--arms must include loop: the other arms' budgets are its real steps")
     torch.set_num_threads(1)
     runs: dict = {}
     for task in args.tasks:
         for seed in args.seeds:
             domain = {"env": TEXT_ENV, "algo": "dqn", "checkpoint": args.text_checkpoint, "replay": args.text_replay} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
-                                        "replay": args.replay}
+                                        "replay": args.replay, "shaping": args.shaping}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps
-            base = CoTrainConfig(out=str(OUT / "sim_to_real" / task / f"loop-{seed}"), rounds=args.rounds,
+            # Arms that train in a shaped sim keep their own directory; the real-env arms are shared.
+            label = f"{task}+shaping{args.shaping:g}" if args.shaping and task != "text" else task
+            base = CoTrainConfig(out=str(OUT / "sim_to_real" / label / f"loop-{seed}"), rounds=args.rounds,
                                  real_steps=args.real_steps, sim_steps=sim_steps, eval_episodes=args.eval_episodes,
                                  mle_steps=args.mle_steps, grpo_steps=args.grpo_steps, seed=seed, **domain)
             arms = {"loop": base, "loop-mle": replace(base, out=base.out.replace("loop-", "loop-mle-"), grpo_steps=0)}
             curves = {}
-            for name, config in arms.items():
+            for name, config in ((name, config) for name, config in arms.items() if name in args.arms):
                 run_cotrain(config)
                 curves[name] = [json.loads(line) for line in (Path(config.out) / "rounds.jsonl").read_text().splitlines()]
             directory = OUT / "sim_to_real" / task
-            curves["frozen"] = cached(directory / f"frozen-{seed}.json", arm_key(base, "frozen"),
-                                      lambda: frozen_arm(base))
+            if "frozen" in args.arms:
+                curves["frozen"] = cached(OUT / "sim_to_real" / label / f"frozen-{seed}.json",
+                                          arm_key(base, "frozen"), lambda: frozen_arm(base))
             budget = curves["loop"][-1]["real_steps_total"]
             for name, scale in (("real-1x", 1), ("real-10x", 10)):
+                if name not in args.arms:
+                    continue
                 curves[name] = cached(directory / f"{name}-{seed}.json", arm_key(base, name, budget=scale * budget),
                                       lambda scale=scale: real_arm(base, scale * budget, args.rounds))
-            runs.setdefault(task, {})[seed] = curves
+            runs.setdefault(label, {})[seed] = curves
             (OUT / "sim_to_real.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
     write_report(args, runs)
 
 
 def write_report(args: argparse.Namespace, runs: dict) -> None:
-    arms = ["loop", "loop-mle", "frozen", "real-1x", "real-10x"]
+    arms = args.arms
     rows, lines = [], []
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.5), squeeze=False)
     for ax, (task, by_seed) in zip(axes[0], runs.items()):
@@ -227,9 +240,10 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
             if arm in ("loop", "loop-mle", "frozen"):
                 gaps = [curves[arm][-1]["learned_success"] - curves[arm][-1]["real_success"] for curves in by_seed.values()]
                 row["learned - real"] = f"{np.mean(gaps):+.2f}"
-            target = interval([c["real-1x"][-1]["real_success"] for c in by_seed.values()])[0]
-            reached = [first_reaching(curves[arm], target) for curves in by_seed.values()]
-            row["steps to real-1x's final"] = "never" if None in reached or target == 0 else int(np.mean(reached))
+            if "real-1x" in arms:
+                target = interval([c["real-1x"][-1]["real_success"] for c in by_seed.values()])[0]
+                reached = [first_reaching(curves[arm], target) for curves in by_seed.values()]
+                row["steps to real-1x's final"] = "never" if None in reached or target == 0 else int(np.mean(reached))
             rows.append(row)
             for seed, curves in by_seed.items():
                 xs = [p["real_steps_total"] for p in curves[arm]]
@@ -243,15 +257,20 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
     fig.savefig(OUT / "sim_to_real.png", dpi=110)
     plt.close(fig)
     for task, by_seed in runs.items():
-        (loop, loop_half), (mle, mle_half), (real1, real1_half) = (
-            interval([c[arm][-1]["real_success"] for c in by_seed.values()]) for arm in ("loop", "loop-mle", "real-1x"))
+        final = {arm: interval([c[arm][-1]["real_success"] for c in by_seed.values()]) for arm in arms}
+        (loop, loop_half), parts = final["loop"], []
         # "Ahead" or "beats" only when the intervals over seeds do not overlap.
-        lines.append(f"- {task}: the loop ends at {loop:.2f} ± {loop_half:.2f} real success against {real1:.2f} ± "
-                     f"{real1_half:.2f} for the agent in the real env with the same real steps "
-                     f"({'ahead' if loop - loop_half > real1 + real1_half else 'not ahead'}); RLVR refits end at "
-                     f"{loop:.2f} against {mle:.2f} ± {mle_half:.2f} for MLE-only refits "
-                     f"({'RLVR ahead' if loop - loop_half > mle + mle_half else 'no difference beyond the intervals'}"
-                     f"{', MLE ahead' if mle - mle_half > loop + loop_half else ''}).")
+        if "real-1x" in final:
+            real1, real1_half = final["real-1x"]
+            parts.append(f"against {real1:.2f} ± {real1_half:.2f} for the agent in the real env with the same real "
+                         f"steps ({'ahead' if loop - loop_half > real1 + real1_half else 'not ahead'})")
+        if "loop-mle" in final:
+            mle, mle_half = final["loop-mle"]
+            parts.append(f"RLVR refits end at {loop:.2f} against {mle:.2f} ± {mle_half:.2f} for MLE-only refits "
+                         f"({'RLVR ahead' if loop - loop_half > mle + mle_half else 'no difference beyond the intervals'}"
+                         f"{', MLE ahead' if mle - mle_half > loop + loop_half else ''})")
+        lines.append(f"- {task}: the loop ends at {loop:.2f} ± {loop_half:.2f} real success" +
+                     (" " + "; ".join(parts) if parts else "") + ".")
     report = [f"# Sim-to-real: the co-training loop against the same agent in the real env ({', '.join(runs)}; "
               f"seeds {args.seeds})", "",
               f"World models {args.checkpoint} (tabletop, PPO) and {args.text_checkpoint} (text, DQN); {args.rounds} "

@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from stable_baselines3 import PPO
@@ -13,6 +14,7 @@ from test_sim_textgame import game_dir, garbage_checkpoint, start_file  # noqa: 
 
 from agents.robot import EVAL_SEED_RUN, check_held_out, evaluate_in_real, make_sim_env, real_start_states
 from agents.train_sb3 import Args, train
+from envs.robot import TASKS
 from rlvr_gym.data.episodes import SEEDS_PER_RUN, CollectConfig, collect, load_episodes
 from rlvr_gym.data.robot import load_initial_states, save_initial_states
 from rlvr_gym.models.lm import LlamaSize
@@ -77,6 +79,40 @@ def test_sim_env_gives_downsampled_frames_and_episode_stats(tiny_world):
     venv.close()
 
 
+def test_shaping_adds_the_change_in_the_log_odds_of_success_and_nothing_across_episodes(tiny_world, tmp_path):
+    import shutil
+
+    world = shutil.copytree(tiny_world, tmp_path / "world")
+    model = RobotWorldModel.load(world)
+    model.settings.success_thresholds = {task: 1.0 for task in TASKS}  # never paid: episodes run to the horizon
+    model.save_settings(world)
+    sparse = make_sim_env(world, num_envs=2, horizon=3, frame_size=16)
+    shaped = make_sim_env(world, num_envs=2, horizon=3, frame_size=16, shaping=0.5)
+    actions = [sparse.action_space.sample()[None].repeat(2, 0) for _ in range(5)]
+    for venv in (sparse, shaped):
+        venv.seed(0)
+        venv.reset()
+    previous, shaped_any = None, False
+    for action in actions:
+        _, plain, plain_dones, plain_infos = sparse.step(action)
+        _, rewards, dones, infos = shaped.step(action)
+        probs = np.clip([info["success_prob"] for info in infos], 1e-12, 1 - 1e-12)
+        assert np.allclose(probs, [info["success_prob"] for info in plain_infos], atol=1e-6)  # the same rollouts
+        log_odds = np.log(probs / (1 - probs))
+        expected = plain + (0.0 if previous is None else 0.5 * np.where(np.isnan(previous), 0, log_odds - previous))
+        np.testing.assert_allclose(rewards, expected, atol=1e-4)
+        assert "episode" not in infos[0] or infos[0]["episode"]["r"] == plain_infos[0]["episode"]["r"], \
+            "episode stats report the sparse return"
+        assert (dones == plain_dones).all() and not plain.any()
+        shaped_any |= bool((rewards != plain).any())
+        previous = np.where(dones, np.nan, log_odds)
+    assert shaped_any
+    with pytest.raises(ValueError, match="shaping"):
+        make_sim_env(tiny_world, num_envs=1, shaping=-1.0)
+    sparse.close()
+    shaped.close()
+
+
 def test_real_scores_come_from_held_out_start_states(tiny_world):
     starts = real_start_states(5)
     assert [t for t, _ in starts][:4] == ["open_drawer", "close_drawer", "move_near", "push_to_target"]
@@ -137,3 +173,18 @@ def test_cotraining_counts_real_steps_refits_the_world_on_the_agents_episodes_an
     assert second["real_steps_total"] > state["real_steps_total"] and second["world"] != first["world"]
     with pytest.raises(ValueError, match="other settings"):
         cotrain.run_cotrain(replace(config, rounds=3, mle_steps=5))
+
+
+def test_a_run_recorded_before_a_setting_existed_resumes_with_that_setting_at_its_default(tmp_path):
+    from dataclasses import asdict
+
+    from agents import cotrain
+
+    config = cotrain.CoTrainConfig(out=str(tmp_path), checkpoint="rt1-rlvr")
+    recorded = asdict(config)
+    del recorded["shaping"]  # a run begun before shaping was a setting: it ran unshaped
+    (tmp_path / "config.json").write_text(json.dumps(recorded))
+    (tmp_path / "state.json").write_text(json.dumps(asdict(cotrain.State(round=2, world="w"))))
+    assert cotrain.load_state(config, tmp_path).round == 2
+    with pytest.raises(ValueError, match="shaping"):
+        cotrain.load_state(replace(config, shaping=0.5), tmp_path)
