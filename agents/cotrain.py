@@ -171,7 +171,7 @@ def load_state(config: CoTrainConfig, out: Path) -> State:
     if not path.is_file():
         return State(world=resolve_world(config))
     saved = json.loads(path.read_text())
-    # A setting added since the run began is taken at its default, the behaviour the run had.
+    # A setting added since the run began counts as its default, so that a run survives an upgrade.
     recorded = {**asdict(CoTrainConfig()), **json.loads((out / "config.json").read_text())}
     changed = {k for k, v in asdict(config).items() if recorded[k] != v and k != "rounds"}
     if changed:
