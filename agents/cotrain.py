@@ -303,7 +303,8 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     world = RobotWorldModel.load(state.world)
     agent_data = [load_episodes(run_dir / f"round_{r:02d}" / "real") for r in range(state.round + 1)]
     seen = [e for episodes in agent_data for e in episodes]
-    mixed = seen + (load_episodes(config.replay) if config.replay else [])
+    replay = load_episodes(config.replay) if config.replay else []
+    mixed = seen + replay
     examples = [ex for e in tqdm(mixed, desc=f"round {state.round}: refit (tokenise)", unit="episode", leave=False)
                 for ex in mle_examples(episode_codes(world.frame_tokenizer, e), e, world.settings.context_steps + 2)]
     sft = SFTConfig(run_dir=str(out / "mle"), model=str(Path(state.world) / "lm"), steps=config.mle_steps,
@@ -316,7 +317,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     starts = with_episode_starts(load_initial_states(state.world), seen)
     write_initial_states(mle_dir, starts)
     if config.grpo_steps == 0:
-        return recalibrate_rt1(mle_dir, config, seen, out)
+        return recalibrate_rt1(mle_dir, config, seen, replay, out)
     grpo = GRPOConfig(steps=config.grpo_steps, lr=3e-5, prompts_per_step=4, group_size=8, beta=0.0, temperature=0.5,
                       save_every=max(config.grpo_steps, 1), seed=config.seed,
                       resume=(out / "rlvr" / "checkpoints").exists())
@@ -324,18 +325,17 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
                            rollout_depth=1, surprise_prompts=config.surprise_prompts, seed=config.seed, grpo=grpo)
     rlvr_dir = run_rt1_rlvr(recipe)
     write_initial_states(rlvr_dir, starts)
-    return recalibrate_rt1(rlvr_dir, config, seen, out)
+    return recalibrate_rt1(rlvr_dir, config, seen, replay, out)
 
 
-def recalibrate_rt1(world_dir: Path, config: CoTrainConfig, seen: list, out: Path) -> str:
+def recalibrate_rt1(world_dir: Path, config: CoTrainConfig, seen: list, replay: list, out: Path) -> str:
     """The refitted world's success threshold for the task, set from replays of the agent's real episodes and the
     replay's (`CoTrainConfig.recalibrate`); the result in out/calibration.json."""
-    from rlvr_gym.data.episodes import load_episodes
     from rlvr_gym.sim.robot import recalibrate_task
 
     if not config.recalibrate:
         return str(world_dir)
-    replay = [e for e in load_episodes(config.replay) if e.task == config.task] if config.replay else []
+    replay = [e for e in replay if e.task == config.task]
     chosen = np.random.default_rng(config.seed).permutation(len(replay))[: config.calibration_replay]
     episodes = [e for e in seen if e.task == config.task] + [replay[i] for i in sorted(chosen)]
     if len({bool(e.succeeded) for e in episodes}) < 2:

@@ -22,6 +22,7 @@ reaches the real-env baseline's final success (sample efficiency), and the loop'
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 from dataclasses import asdict, replace
@@ -130,8 +131,9 @@ REAL_ARM_FIELDS = ("env", "algo", "task", "seed", "rounds", "eval_episodes", "ho
 
 
 def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
-    """What an arm's curve depends on: a real-env arm on the agent and the scoring alone (and, for the text games,
-    the world's start states, which are its games); the frozen arm on every setting and the world model's own."""
+    """What an arm's curve depends on: a tabletop real-env arm on the agent and the scoring alone; a text real-env
+    arm and the frozen arm on every setting (the text DQN's learning start follows `sim_steps`) and the world model's
+    own (the text games are its start states)."""
     if arm.startswith("real") and config.env == RT1_ENV:
         key = {name: getattr(config, name) for name in REAL_ARM_FIELDS}
     else:
@@ -142,8 +144,6 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
 def world_fingerprint(config: CoTrainConfig) -> str:
     """A hash of the starting world model's settings files, so that a changed checkpoint (say, a new success
     threshold or hold) is not read from an old curve."""
-    import hashlib
-
     world = Path(resolve_world(config))
     digest = hashlib.sha256()
     for name in ("world_model.json", "config.json", "generation_config.json"):
