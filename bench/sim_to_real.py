@@ -39,6 +39,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
 from agents.cotrain import (
+    DEFAULT_CHECKPOINTS,
     RT1_ENV,
     TEXT_ENV,
     CoTrainConfig,
@@ -165,6 +166,15 @@ def cached(path: Path, key: dict, compute) -> list[dict]:
     return points
 
 
+def arm_label(task: str, args: argparse.Namespace) -> str:
+    """The directory of a task's simulator arms: arms that train in a shaped sim or another tabletop world model keep
+    their own; the real-env arms are shared."""
+    if task == "text":
+        return task if args.text_checkpoint == DEFAULT_CHECKPOINTS[TEXT_ENV] else f"{task}+{Path(args.text_checkpoint).name}"
+    label = f"{task}+shaping{args.shaping:g}" if args.shaping else task
+    return label if args.checkpoint == DEFAULT_CHECKPOINTS[RT1_ENV] else f"{label}+{Path(args.checkpoint).name}"
+
+
 def first_reaching(points: list[dict], target: float) -> int | None:
     return next((p["real_steps_total"] for p in points if p["real_success"] >= target), None)
 
@@ -201,8 +211,7 @@ def main() -> None:
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
                                         "replay": args.replay, "shaping": args.shaping}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps
-            # Arms that train in a shaped sim keep their own directory; the real-env arms are shared.
-            label = f"{task}+shaping{args.shaping:g}" if args.shaping and task != "text" else task
+            label = arm_label(task, args)
             base = CoTrainConfig(out=str(OUT / "sim_to_real" / label / f"loop-{seed}"), rounds=args.rounds,
                                  real_steps=args.real_steps, sim_steps=sim_steps, eval_episodes=args.eval_episodes,
                                  mle_steps=args.mle_steps, grpo_steps=args.grpo_steps, seed=seed, **domain)

@@ -1,10 +1,11 @@
 """The sim-to-real benchmark's cache: an arm's saved curve is reused exactly when what it depends on is unchanged."""
 
+import argparse
 import json
 from dataclasses import replace
 
 from agents.cotrain import TEXT_ENV, CoTrainConfig
-from bench.sim_to_real import arm_key
+from bench.sim_to_real import arm_key, arm_label
 
 
 def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_too(tmp_path):
@@ -28,3 +29,17 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
     before = arm_key(text, "real-1x", budget=100)
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
     assert arm_key(text, "real-1x", budget=100) != before
+
+
+def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
+    args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0)
+    assert arm_label("close_drawer", args) == "close_drawer"
+    assert arm_label("text", args) == "text"
+    assert arm_label("close_drawer", replace_args(args, shaping=0.2)) == "close_drawer+shaping0.2"
+    assert arm_label("close_drawer", replace_args(args, checkpoint="runs/x/world")) == "close_drawer+world"
+    assert arm_label("text", replace_args(args, shaping=0.2)) == "text"  # the text sim takes no shaping
+    assert arm_label("text", replace_args(args, text_checkpoint="runs/y/final")) == "text+final"
+
+
+def replace_args(args: argparse.Namespace, **changes) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), **changes})
