@@ -217,7 +217,9 @@ def main() -> None:
                                  mle_steps=args.mle_steps, grpo_steps=args.grpo_steps, seed=seed, **domain)
             arms = {"loop": base, "loop-mle": replace(base, out=base.out.replace("loop-", "loop-mle-"), grpo_steps=0)}
             curves = {}
-            for name, config in ((name, config) for name, config in arms.items() if name in args.arms):
+            for name, config in arms.items():
+                if name not in args.arms:
+                    continue
                 run_cotrain(config)
                 curves[name] = [json.loads(line) for line in (Path(config.out) / "rounds.jsonl").read_text().splitlines()]
             directory = OUT / "sim_to_real" / task

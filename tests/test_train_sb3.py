@@ -3,7 +3,8 @@ the MuJoCo tabletop from held-out start states, and TextWorld."""
 
 import csv
 import json
-from dataclasses import replace
+import shutil
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -80,8 +81,6 @@ def test_sim_env_gives_downsampled_frames_and_episode_stats(tiny_world):
 
 
 def test_shaping_adds_the_change_in_the_log_odds_of_success_and_nothing_across_episodes(tiny_world, tmp_path):
-    import shutil
-
     world = shutil.copytree(tiny_world, tmp_path / "world")
     model = RobotWorldModel.load(world)
     model.settings.success_thresholds = {task: 1.0 for task in TASKS}  # never paid: episodes run to the horizon
@@ -176,8 +175,6 @@ def test_cotraining_counts_real_steps_refits_the_world_on_the_agents_episodes_an
 
 
 def test_a_run_recorded_before_a_setting_existed_resumes_with_that_setting_at_its_default(tmp_path):
-    from dataclasses import asdict
-
     from agents import cotrain
 
     config = cotrain.CoTrainConfig(out=str(tmp_path), checkpoint="rt1-rlvr")
