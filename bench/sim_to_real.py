@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -170,9 +171,14 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     """The directory of a task's simulator arms: arms that train in a shaped sim or another tabletop world model keep
     their own; the real-env arms are shared."""
     if task == "text":
-        return task if args.text_checkpoint == DEFAULT_CHECKPOINTS[TEXT_ENV] else f"{task}+{Path(args.text_checkpoint).name}"
+        return task if args.text_checkpoint == DEFAULT_CHECKPOINTS[TEXT_ENV] else f"{task}+{path_label(args.text_checkpoint)}"
     label = f"{task}+shaping{args.shaping:g}" if args.shaping else task
-    return label if args.checkpoint == DEFAULT_CHECKPOINTS[RT1_ENV] else f"{label}+{Path(args.checkpoint).name}"
+    return label if args.checkpoint == DEFAULT_CHECKPOINTS[RT1_ENV] else f"{label}+{path_label(args.checkpoint)}"
+
+
+def path_label(checkpoint: str) -> str:
+    """A checkpoint's whole path as one directory name: runs/a/final and runs/b/final stay apart."""
+    return os.path.normpath(checkpoint).strip(os.sep).replace(os.sep, "_")
 
 
 def first_reaching(points: list[dict], target: float) -> int | None:

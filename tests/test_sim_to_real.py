@@ -36,9 +36,10 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     assert arm_label("close_drawer", args) == "close_drawer"
     assert arm_label("text", args) == "text"
     assert arm_label("close_drawer", replace_args(args, shaping=0.2)) == "close_drawer+shaping0.2"
-    assert arm_label("close_drawer", replace_args(args, checkpoint="runs/x/world")) == "close_drawer+world"
+    assert arm_label("close_drawer", replace_args(args, checkpoint="runs/x/world")) == "close_drawer+runs_x_world"
     assert arm_label("text", replace_args(args, shaping=0.2)) == "text"  # the text sim takes no shaping
-    assert arm_label("text", replace_args(args, text_checkpoint="runs/y/final")) == "text+final"
+    assert arm_label("text", replace_args(args, text_checkpoint="runs/y/final")) == "text+runs_y_final"
+    assert arm_label("text", replace_args(args, text_checkpoint="runs/z/final")) == "text+runs_z_final"
 
 
 def replace_args(args: argparse.Namespace, **changes) -> argparse.Namespace:
