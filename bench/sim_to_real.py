@@ -171,7 +171,8 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     """The directory of a task's simulator arms: arms that train in a shaped sim or another tabletop world model keep
     their own; the real-env arms are shared."""
     if task == "text":
-        return task if args.text_checkpoint == DEFAULT_CHECKPOINTS[TEXT_ENV] else f"{task}+{path_label(args.text_checkpoint)}"
+        default = args.text_checkpoint == DEFAULT_CHECKPOINTS[TEXT_ENV]
+        return task if default else f"{task}+{path_label(args.text_checkpoint)}"
     label = f"{task}+shaping{args.shaping:g}" if args.shaping else task
     return label if args.checkpoint == DEFAULT_CHECKPOINTS[RT1_ENV] else f"{label}+{path_label(args.checkpoint)}"
 
