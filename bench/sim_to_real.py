@@ -170,11 +170,9 @@ def cached(path: Path, key: dict, compute) -> list[dict]:
 def arm_label(task: str, args: argparse.Namespace) -> str:
     """The directory of a task's simulator arms: arms that train in a shaped sim or another tabletop world model keep
     their own; the real-env arms are shared."""
-    if task == "text":
-        default = args.text_checkpoint == DEFAULT_CHECKPOINTS[TEXT_ENV]
-        return task if default else f"{task}+{path_label(args.text_checkpoint)}"
-    label = f"{task}+shaping{args.shaping:g}" if args.shaping else task
-    return label if args.checkpoint == DEFAULT_CHECKPOINTS[RT1_ENV] else f"{label}+{path_label(args.checkpoint)}"
+    env, checkpoint = (TEXT_ENV, args.text_checkpoint) if task == "text" else (RT1_ENV, args.checkpoint)
+    label = f"{task}+shaping{args.shaping:g}" if args.shaping and env == RT1_ENV else task  # the text sim takes none
+    return label if checkpoint == DEFAULT_CHECKPOINTS[env] else f"{label}+{path_label(checkpoint)}"
 
 
 def path_label(checkpoint: str) -> str:
