@@ -25,7 +25,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -52,6 +51,7 @@ from agents.cotrain import (
     score_in_real,
 )
 from rlvr_gym.evaluation.report import markdown_table
+from rlvr_gym.files import path_label
 
 OUT = Path("runs/bench")
 ARMS = ["loop", "loop-mle", "frozen", "real-1x", "real-10x"]
@@ -173,11 +173,6 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     env, checkpoint = (TEXT_ENV, args.text_checkpoint) if task == "text" else (RT1_ENV, args.checkpoint)
     label = f"{task}+shaping{args.shaping:g}" if args.shaping and env == RT1_ENV else task  # the text sim takes none
     return label if checkpoint == DEFAULT_CHECKPOINTS[env] else f"{label}+{path_label(checkpoint)}"
-
-
-def path_label(checkpoint: str) -> str:
-    """A checkpoint's whole path as one directory name: runs/a/final and runs/b/final stay apart."""
-    return os.path.normpath(checkpoint).strip(os.sep).replace(os.sep, "_")
 
 
 def first_reaching(points: list[dict], target: float) -> int | None:

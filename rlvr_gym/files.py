@@ -25,3 +25,8 @@ def read_log(run_dir: str | os.PathLike) -> list[dict]:
 
 class CheckpointError(RuntimeError):
     """A checkpoint directory is missing, incomplete or unreadable."""
+
+
+def path_label(path: str | os.PathLike) -> str:
+    """A path as one directory name, whole: runs/a/final and runs/b/final stay apart; a shipped name is itself."""
+    return os.path.normpath(path).strip(os.sep).replace(os.sep, "_")

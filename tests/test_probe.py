@@ -18,6 +18,7 @@ from rlvr_gym.evaluation.probe import (
     probe_web,
     rt1_probe_actions,
     summarize,
+    write_report,
 )
 
 
@@ -92,3 +93,13 @@ def test_web_probe_runs_real_pages_and_the_learned_env(tmp_path):
     assert per_task == {"task": "click-button", **{r["policy"]: r["outcome_match"] for r in result["policies"]}}
     with pytest.raises(ValueError, match="no start pages of"):
         probe_web(WebProbeConfig(checkpoint="web-rlvr", tasks=("no-such-task",), out=str(tmp_path)))
+
+
+def test_reports_of_two_checkpoints_with_the_same_last_name_stay_apart(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for checkpoint in ("runs/a/final", "runs/b/final"):
+        result = summarize("web", checkpoint, {"noop": [False]}, {"noop": [False]})
+        write_report(result, ProbeConfig(checkpoint=checkpoint))
+    report = (tmp_path / "runs/probe/web-runs_a_final/probe.md").read_text()
+    assert report.startswith("# Exploit probe: web, runs/a/final")
+    assert (tmp_path / "runs/probe/web-runs_b_final/probe.json").is_file()

@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from rlvr_gym.evaluation.report import markdown_table
+from rlvr_gym.files import path_label
 
 
 @dataclass
@@ -41,7 +42,7 @@ class ProbeConfig:
     seed: int = 0
     """Seeds the random policy and the learned env."""
     out: str = ""
-    """Directory for probe.json and probe.md; empty: runs/probe/<domain>-<checkpoint name>."""
+    """Directory for probe.json and probe.md; empty: runs/probe/<domain>-<checkpoint path, "/" as "_">."""
 
 
 def summarize(domain: str, checkpoint: str, learned: dict[str, list[bool]], real: dict[str, list[bool]],
@@ -61,10 +62,10 @@ def summarize(domain: str, checkpoint: str, learned: dict[str, list[bool]], real
 
 
 def write_report(result: dict, config: ProbeConfig) -> dict:
-    out = Path(config.out or Path("runs/probe") / f"{result['domain']}-{Path(result['checkpoint']).name}")
+    out = Path(config.out or Path("runs/probe") / f"{result['domain']}-{path_label(result['checkpoint'])}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe.json").write_text(json.dumps({"config": vars(config), **result}, indent=2))
-    title = f"# Exploit probe: {result['domain']}, {Path(result['checkpoint']).name}\n\n"
+    title = f"# Exploit probe: {result['domain']}, {result['checkpoint']}\n\n"
     summary = (f"Mean false success {result['mean_false_success']:.3f}, "
                f"largest {result['max_false_success']:.3f} (learned success the real env did not give).\n\n")
     text = title + summary + markdown_table(result["policies"], digits=3) + "\n"
