@@ -14,9 +14,9 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from envs.web import WebTaskEnv, browser_available, record_transitions
 from envs.web.solvers import candidate_actions, quoted_strings
-from rlvr_gym.data.web import encode_examples, reads_element_line, train_web_tokenizer, transition_texts
+from rlvr_gym.data.web import encode_examples, train_web_tokenizer, transition_texts
 from rlvr_gym.domains.web import apply_diff, parse_target
-from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama, resolve_checkpoint
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.sim.web import (
     CANDIDATE_FEATURES,
     START_PAGES,
@@ -211,10 +211,3 @@ def test_discrete_wrapper_indexes_candidates_and_masks_the_rest(untrained):
     assert "no candidate 3" in step_info["error"] and not (terminated or truncated) and np.array_equal(after[:-1], obs[:-1])
     _, _, _, truncated, step_info = env.step(0)
     assert truncated and "does not parse" in step_info["error"]
-
-
-def test_a_model_recorded_before_the_element_line_reads_prompts_without_it(tmp_path):
-    (tmp_path / "web_training.json").write_text(json.dumps({"tasks": ["click-button"], "seeds": {"click-button": [0]}}))
-    assert not reads_element_line(tmp_path)
-    assert reads_element_line(tmp_path / "missing")  # no record: the current prompt
-    assert not reads_element_line(resolve_checkpoint("web-refit"))

@@ -175,13 +175,9 @@ def test_web_reward_weights_f1_reward_and_done():
         web_reward([perfect], [BEFORE], [AFTER, AFTER], [1.0], [True])
 
 
-def test_prompt_holds_task_tree_action_and_the_targeted_element():
+def test_prompt_holds_task_tree_and_action():
     prompt = format_prompt("Click Go.", BEFORE, "click [4]")
-    assert prompt == f"Task: Click Go.\n{BEFORE}\nAction: click [4]\nElement: [4] button 'Search'\n"
-    typed = format_prompt("Enter Anv.", BEFORE, 'type [2] "Anv"')
-    assert typed.endswith("Action: type [2] \"Anv\"\nElement: [2] textbox 'From:'\n")
-    assert format_prompt("Click Go.", BEFORE, "click [99]").endswith("Action: click [99]\n")  # no such id
-    assert format_prompt("Click Go.", BEFORE, "click [4]", element_line=False).endswith("Action: click [4]\n")
+    assert prompt == f"Task: Click Go.\n{BEFORE}\nAction: click [4]\n"
 
 
 _lines = st.lists(st.sampled_from([

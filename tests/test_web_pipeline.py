@@ -4,8 +4,8 @@ One browser records a small training set and a held-out set (another seed, one t
 else runs on what it recorded, with a tiny Llama.
 """
 
-import dataclasses
 import gzip
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,18 +23,12 @@ from rlvr_gym.data.web import (
     load_train_and_eval,
     load_web_data,
     prompt_text,
-    reads_element_line,
     target_text,
     train_web_tokenizer,
     transition_texts,
 )
 from rlvr_gym.data.web_collect import WebCollectConfig, collect_web
-from rlvr_gym.domains.web import (
-    best_by_web_reward,
-    item_f1,
-    make_diff,
-    no_change_target,
-)
+from rlvr_gym.domains.web import best_by_web_reward, item_f1, make_diff, no_change_target
 from rlvr_gym.evaluation.web import WebEvalConfig, run_web_eval
 from rlvr_gym.files import read_log
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, context_of, load_model
@@ -145,7 +139,6 @@ def test_sft_gives_a_loadable_checkpoint_with_its_training_record(sft_run, data)
     assert {"eval/loss", "eval/f1", "eval/seen_f1", "eval/heldout_nochange_f1"} <= set(log[-1])
     record = json.loads((sft_run / "final" / TRAINING_RECORD).read_text())
     assert record["tasks"] == sorted(TRAIN) and record["seeds"]["login-user"] == [0, 1]
-    assert record["element_line"] is True and reads_element_line(sft_run / "final")
 
 
 def test_sft_resume_continues_and_refuses_other_settings(sft_run, data):

@@ -157,22 +157,18 @@ def train_web_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrai
     )
 
 
-def transition_texts(records: Sequence[dict], element_line: bool = True) -> Iterator[str]:
+def transition_texts(records: Sequence[dict]) -> Iterator[str]:
     for r in records:
-        yield prompt_text(r, element_line)
+        yield prompt_text(r)
         yield target_text(r)
 
 
 def encode_examples(
-    records: Sequence[dict],
-    tokenizer: PreTrainedTokenizerBase,
-    max_prompt_tokens: int,
-    max_target_tokens: int,
-    element_line: bool = True,
+    records: Sequence[dict], tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int, max_target_tokens: int
 ) -> tuple[list[dict], dict]:
     """Trainer examples (`prompt_ids`, `target_ids` ending in eos, and the columns `web_reward` reads), dropping
     those over the limits; and the length distribution before dropping, overall and per task."""
-    prompts, targets = encode_prompts(tokenizer, records, element_line), encode_targets(tokenizer, records)
+    prompts, targets = encode_prompts(tokenizer, records), encode_targets(tokenizer, records)
     examples, dropped = [], {}
     for r, p, y in zip(records, prompts, targets):
         if len(p) > max_prompt_tokens or len(y) > max_target_tokens:
@@ -202,11 +198,9 @@ def encode_examples(
     return examples, stats
 
 
-def write_training_record(
-    model_dir: Path, manifests: Sequence[tuple[str, dict]], base: dict | None = None, element_line: bool = True
-) -> None:
+def write_training_record(model_dir: Path, manifests: Sequence[tuple[str, dict]], base: dict | None = None) -> None:
     """web_training.json beside a trained model: the tasks and episodes of its data and of the model it started
-    from, and whether its prompts have the Element line."""
+    from."""
     seeds = {task: list(s) for task, s in (base or {}).get("seeds", {}).items()}
     for _, manifest in manifests:
         for task, task_seeds in episodes_of(manifest).items():
@@ -215,14 +209,13 @@ def write_training_record(
         "tasks": sorted(t for t, s in seeds.items() if s),
         "data": [*(base or {}).get("data", []), *(path for path, _ in manifests)],
         "seeds": seeds,
-        "element_line": element_line,
     }
     atomic_write_text(model_dir / TRAINING_RECORD, json.dumps(record))
 
 
-def prompt_text(record: dict, element_line: bool = True) -> str:
-    """The model's input for a recorded transition: task, tree before, action (and the Element line)."""
-    return format_prompt(record["utterance"], record["tree_before"], record["action"], element_line)
+def prompt_text(record: dict) -> str:
+    """The model's input for a recorded transition: task, tree before, action."""
+    return format_prompt(record["utterance"], record["tree_before"], record["action"])
 
 
 def target_text(record: dict) -> str:
@@ -230,13 +223,10 @@ def target_text(record: dict) -> str:
     return format_target(make_diff(record["tree_before"], record["tree_after"]), record["reward"], record["done"])
 
 
-def encode_prompts(
-    tokenizer: PreTrainedTokenizerBase, records: Sequence[dict], element_line: bool = True
-) -> list[list[int]]:
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, records: Sequence[dict]) -> list[list[int]]:
     """Token ids of each transition's prompt, after the bos token when the tokenizer has one."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    texts = [prompt_text(r, element_line) for r in records]
-    return [bos + ids for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return [bos + ids for ids in tokenizer([prompt_text(r) for r in records], add_special_tokens=False)["input_ids"]]
 
 
 def encode_targets(tokenizer: PreTrainedTokenizerBase, records: Sequence[dict]) -> list[list[int]]:
@@ -265,15 +255,6 @@ def read_training_record(model_dir: str | os.PathLike) -> dict | None:
     if not isinstance(record.get("tasks"), list) or not isinstance(record.get("seeds"), dict):
         raise ValueError(f"{path} lacks 'tasks' (a list) or 'seeds' (task -> seeds); delete it and pass --seen-tasks")
     return record
-
-
-def reads_element_line(model_dir: str | os.PathLike) -> bool:
-    """Whether a web model reads prompts with the Element line (`format_prompt`): its training record says so, and
-    records written before the line existed lack the key (those models read prompts without it). A directory
-    without a record (a checkpoint of a run in progress, a model trained elsewhere) is taken to read the current
-    prompt."""
-    record = read_training_record(model_dir)
-    return True if record is None else bool(record.get("element_line", False))
 
 
 def check_disjoint_episodes(a: dict[str, Sequence[int]], b: dict[str, Sequence[int]], what_a: str, what_b: str) -> None:

@@ -8,12 +8,6 @@ Prompt (`format_prompt`):
     Task: <utterance>
     <tree lines>
     Action: <action>
-    Element: <the line of the element the action targets, without its indentation>
-
-The Element line puts the target's role, name and state beside the task's words, so the model compares them on
-adjacent lines instead of first finding the id in the tree (on click-button, whose reward is whether the clicked
-button's name is the one the task quotes, models without it mostly paid a wrong button). Models trained before it
-read prompts without it: their `web_training.json` says so (`rlvr_gym.data.web.reads_element_line`).
 
 Target (`format_target`), the change the action makes and what the task says about it:
 
@@ -71,7 +65,6 @@ LEAF_ROLES = frozenset({"StaticText", "image", "textbox", "searchbox", "LineBrea
 _ITEM = re.compile(r"^(\t*)\[(\d+)\] \S")
 _REWARD = re.compile(r"^Reward: (\S+)$")
 _DONE = re.compile(r"^Done: (yes|no)$")
-_ACTION_ID = re.compile(r"^\s*(?:click|type)\s*\[(\d+)\]")
 
 
 class Diff(TypedDict):
@@ -85,13 +78,9 @@ class Target(Diff):
     done: bool
 
 
-def format_prompt(utterance: str, tree: str, action: str, element_line: bool = True) -> str:
-    """The model's input: the task, the current tree, the action and (with element_line) the line of the element
-    it targets, when the tree has that id."""
-    prompt = f"Task: {utterance}\n{tree}\nAction: {action}\n"
-    target = _ACTION_ID.match(action) if element_line else None
-    line = _lines_by_id(tree).get(int(target.group(1))) if target else None
-    return prompt if line is None else prompt + "Element: " + line.lstrip("\t") + "\n"
+def format_prompt(utterance: str, tree: str, action: str) -> str:
+    """The model's input: the task, the current tree and the action, one block."""
+    return f"Task: {utterance}\n{tree}\nAction: {action}\n"
 
 
 def make_diff(tree_before: str, tree_after: str) -> Diff:

@@ -34,16 +34,10 @@ from rlvr_gym.data.web import (
     encode_prompts,
     load_web_data,
     read_training_record,
-    reads_element_line,
 )
 from rlvr_gym.data.web_collect import collect_records
 from rlvr_gym.domains.web import best_by_web_reward, web_metrics
-from rlvr_gym.models.lm import (
-    checked_tokenizer,
-    context_length,
-    load_model,
-    resolve_checkpoint,
-)
+from rlvr_gym.models.lm import checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 
 log = logging.getLogger("rlvr_gym")
@@ -56,12 +50,10 @@ def evaluate_model(
     seen_tasks: Sequence[str],
     batch_size: int = 16,
     max_new_tokens: int = 768,
-    element_line: bool = True,
 ) -> dict[str, float]:
     """Greedy `web_metrics` of a model on recorded transitions, finite values only (the trainers log them under
     eval/)."""
-    prompts = encode_prompts(tokenizer, records, element_line)
-    preds = [p[0] for p in sample_texts(model, tokenizer, prompts, batch_size, max_new_tokens)]
+    preds = [p[0] for p in sample_texts(model, tokenizer, encode_prompts(tokenizer, records), batch_size, max_new_tokens)]
     metrics = web_metrics(preds, records, seen_tasks)
     return {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
 
@@ -137,7 +129,7 @@ def run_web_eval(config: WebEvalConfig) -> dict:
     tokenizer = checked_tokenizer(tokenizer, config.checkpoint)
     model.eval()
     started = time.perf_counter()
-    prompts = encode_prompts(tokenizer, records, reads_element_line(resolve_checkpoint(config.checkpoint)))
+    prompts = encode_prompts(tokenizer, records)
     # A page longer than the model's context cannot be predicted: it scores as a parse failure (empty completion),
     # is counted in over_context_rate, and is not decoded (book-flight trees reach 7k tokens).
     context = context_length(model)

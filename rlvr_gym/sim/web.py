@@ -32,7 +32,7 @@ from envs.web import TASKS, InvalidAction, WebTaskEnv, parse, parse_action
 from envs.web.solvers import TEXT_FIELD_ROLES, candidate_actions
 from envs.web.tree import normalise_tree
 from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
-from rlvr_gym.data.web import encode_prompts, reads_element_line
+from rlvr_gym.data.web import encode_prompts
 from rlvr_gym.domains.web import apply_diff, expand_diff, parse_target
 from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
@@ -197,7 +197,6 @@ class WebWorldModel:
         model, tokenizer = load_model(checkpoint)
         self.tokenizer = checked_tokenizer(tokenizer, checkpoint)
         self.model = model.eval()
-        self.element_line = reads_element_line(resolve_checkpoint(checkpoint))
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
@@ -219,7 +218,7 @@ class WebWorldModel:
             out.append(None if error is None else Prediction(action, tree, 0.0, False, 0, "", error))
         todo = [i for i, p in enumerate(out) if p is None]
         records = [{"utterance": utterance, "tree_before": tree, "action": actions[i]} for i in todo]
-        prompts = encode_prompts(self.tokenizer, records, self.element_line) if records else []
+        prompts = encode_prompts(self.tokenizer, records) if records else []
         fits = []
         for i, prompt in zip(todo, prompts):
             if len(prompt) > self.max_prompt_tokens:

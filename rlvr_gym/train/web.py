@@ -29,7 +29,6 @@ from rlvr_gym.data.web import (
     episodes_of,
     load_train_and_eval,
     read_training_record,
-    reads_element_line,
     subsample,
     train_web_tokenizer,
     transition_texts,
@@ -89,15 +88,14 @@ def check_run(run_dir: Path, config: WebSFTConfig | WebRLVRConfig, is_main: bool
 
 
 def held_out_evaluation(records: Sequence[dict], tokenizer, seen_tasks: Sequence[str], limit: int, seed: int,
-                        batch_size: int, max_new_tokens: int, element_line: bool):  # fmt: skip
+                        batch_size: int, max_new_tokens: int):  # fmt: skip
     """The greedy web-metrics function for eval/ on a seeded sample of held-out records (None without any)."""
     sample = subsample(records, limit, seed)
     if not sample or limit <= 0:
         return None
 
     def eval_fn(model: torch.nn.Module) -> dict[str, float]:
-        prompts = encode_prompts(tokenizer, sample, element_line)
-        completions = sample_texts(model, tokenizer, prompts, batch_size, max_new_tokens)
+        completions = sample_texts(model, tokenizer, encode_prompts(tokenizer, sample), batch_size, max_new_tokens)
         metrics = web_metrics([texts[0] for texts in completions], sample, seen_tasks)
         return {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
 
@@ -128,9 +126,6 @@ class WebSFTConfig:
     """Examples with longer prompts are dropped, never cut (the measured distribution: module docstring)."""
     max_target_tokens: int = 768
     """Examples with longer targets (eos included) are dropped, never cut."""
-    element_line: bool = True
-    """Prompts end with the line of the element the action targets (`rlvr_gym.domains.web.format_prompt`); a model
-    trained without it learns it here. Recorded in final/web_training.json, which the simulator and `eval web` read."""
     eval_predict_examples: int = 64
     """Held-out transitions decoded greedily for eval/f1 and the rest at each evaluation (0: loss only)."""
     eval_batch_size: int = 16
@@ -180,7 +175,7 @@ def run_web_sft(config: WebSFTConfig) -> Path:
         barrier(d)
     if not config.model:
         if d.is_main and not (config.resume and (model_dir / "tokenizer.json").is_file()):
-            tokenizer = train_web_tokenizer(transition_texts(train, config.element_line), config.vocab_size)
+            tokenizer = train_web_tokenizer(transition_texts(train), config.vocab_size)
             torch.manual_seed(config.seed)
             model = build_llama(len(tokenizer), config.size, tokenizer)
             log.info("from-scratch Llama: %.2fM parameters, vocabulary %d", parameter_count(model) / 1e6,
@@ -189,21 +184,19 @@ def run_web_sft(config: WebSFTConfig) -> Path:
             tokenizer.save_pretrained(model_dir)
         barrier(d)
     tokenizer = load_tokenizer(model_dir)
-    examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.max_target_tokens,
-                                      config.element_line)  # fmt: skip
+    examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.max_target_tokens)
     report_data(root, stats, d.is_main)
     loss_examples = []
     if held_out and config.sft.eval_examples:
         sample = subsample(held_out, config.sft.eval_examples, config.seed)
-        loss_examples, _ = encode_examples(sample, tokenizer, config.max_prompt_tokens, config.max_target_tokens,
-                                           config.element_line)  # fmt: skip
+        loss_examples, _ = encode_examples(sample, tokenizer, config.max_prompt_tokens, config.max_target_tokens)
     seen_tasks = sorted({task for _, manifest in manifests for task in manifest["tasks"]})
     eval_fn = held_out_evaluation(held_out, tokenizer, seen_tasks, config.eval_predict_examples, config.seed,
-                                  config.eval_batch_size, config.max_target_tokens, config.element_line)  # fmt: skip
+                                  config.eval_batch_size, config.max_target_tokens)  # fmt: skip
     sft = set_by_command(config.sft, "sft", run_dir=str(root), model=str(model_dir), resume=config.resume)
     final = train_sft(sft, examples, loss_examples, eval_fn)
     if d.is_main:
-        write_training_record(final, manifests, base, config.element_line)
+        write_training_record(final, manifests, base)
     barrier(d)
     return final
 
@@ -249,19 +242,17 @@ def run_web_rlvr(config: WebRLVRConfig) -> Path:
     tokenizer = load_tokenizer(config.model)
     train, manifests, held_out, eval_manifest = load_train_and_eval(config.data, config.eval_data)
     base = base_record(config.model, eval_manifest, config.eval_data)
-    element_line = reads_element_line(resolve_checkpoint(config.model))  # the prompt the model was trained on
-    examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.grpo.max_new_tokens,
-                                      element_line)  # fmt: skip
+    examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.grpo.max_new_tokens)
     report_data(root, stats, d.is_main)
     # The trainer hands every column but prompt_ids to the reward: keep what web_reward reads.
     examples = [{k: e[k] for k in ("prompt_ids", "tree_before", "tree_after", "reward", "done")} for e in examples]
     seen_tasks = {task for _, manifest in manifests for task in manifest["tasks"]}
     seen_tasks = sorted(seen_tasks | set((base or {}).get("tasks", [])))
     eval_fn = held_out_evaluation(held_out, tokenizer, seen_tasks, config.eval_predict_examples, config.seed,
-                                  config.eval_batch_size, config.grpo.max_new_tokens, element_line)  # fmt: skip
+                                  config.eval_batch_size, config.grpo.max_new_tokens)  # fmt: skip
     grpo = set_by_command(config.grpo, "grpo", run_dir=str(root), model=config.model, resume=config.resume)
     final = train_grpo(grpo, web_reward, examples, eval_fn)
     if d.is_main:
-        write_training_record(final, manifests, base, element_line)
+        write_training_record(final, manifests, base)
     barrier(d)
     return final
