@@ -119,6 +119,10 @@ class CoTrainConfig:
     surprise_prompts: float = 0.5
     """Fraction of the GRPO prompts from the steps where the refitted simulator was most wrong about the real next
     frame, state or success (`RT1RLVRConfig.surprise_prompts`, `TextGameRLVRConfig.surprise_prompts`)."""
+    real_updates: bool = False
+    """Dyna: the agent also learns from its own real data steps, as the agent trained in the real env does (DQN: the
+    round's real transitions join its replay buffer, one gradient step each, before it learns in the learned sim);
+    off: the real steps only refit the world model."""
     shaping: float = 0.0
     """RT-1: weight of the dense reward the agent gets in the learned sim on top of its success, the change in the
     log-odds of success it reads off each imagined frame (`agents.robot.VecShaped`); 0: success alone. The real env
@@ -377,7 +381,7 @@ def collect_text(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out:
     n = int(agent.action_space.n)
     env = RealTextWorldDiscreteEnv(state.world, config.steps_per_episode, max_candidates=n,
                                    obs_dim=int(agent.observation_space.shape[0]))
-    records, steps = [], 0
+    records, steps, seen = [], 0, {key: [] for key in AGENT_TRANSITION_KEYS}
     with tqdm(total=config.real_steps, desc=f"round {state.round}: collect (real)", unit="step", leave=False) as bar:
         while steps < config.real_steps:
             index = state.collect_seed % len(env.starts)
@@ -392,8 +396,10 @@ def collect_text(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out:
                     action = int(rng.integers(choices))
                 else:
                     action = int(agent.predict(obs, deterministic=True)[0])
-                before = info["state"]
+                before, before_obs = info["state"], obs
                 obs, reward, terminated, truncated, info = env.step(action)
+                for key, value in zip(AGENT_TRANSITION_KEYS, (before_obs, obs, action, reward, terminated, truncated)):
+                    seen[key].append(value)
                 step = Transition(before, info["command"], info["state"], reward, terminated, info["is_success"], [])
                 records.append(textworld_record(name, len(records), start.objective, previous, step))
                 previous, done = info["command"], terminated or truncated
@@ -401,7 +407,38 @@ def collect_text(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out:
                 bar.update()
     env.close()
     write_transitions(records, out / "real")
+    np.savez_compressed(out / "real" / AGENT_TRANSITIONS, **{k: np.asarray(v) for k, v in seen.items()})
     return steps
+
+
+AGENT_TRANSITIONS = "agent_transitions.npz"
+"""The collect phase's real steps as the agent saw them (observation, action, reward, next observation), for
+`CoTrainConfig.real_updates`."""
+AGENT_TRANSITION_KEYS = ("obs", "next_obs", "action", "reward", "terminated", "truncated")
+
+
+def learn_from_real(agent: DQN, path: Path) -> int:
+    """Dyna's direct RL: the real transitions into the agent's replay buffer, one gradient step per transition (the
+    agent trained in the real env takes as many), then the target network set to the trained one. Returns the
+    number of transitions learned from."""
+    from stable_baselines3.common.logger import configure
+
+    data = np.load(path)
+    width = agent.replay_buffer.n_envs
+    # The buffer stores `width` transitions per row and samples every slot of a row: the last partial row stays out.
+    rows = len(data["action"]) // width
+    for row in range(rows):
+        cut = slice(row * width, (row + 1) * width)
+        timeouts = data["truncated"][cut] & ~data["terminated"][cut]
+        agent.replay_buffer.add(data["obs"][cut], data["next_obs"][cut], data["action"][cut], data["reward"][cut],
+                                data["terminated"][cut] | data["truncated"][cut],
+                                [{"TimeLimit.truncated": bool(t)} for t in timeouts])
+    if rows:
+        if not hasattr(agent, "_logger"):  # train() logs; an agent that has not learned yet has no logger
+            agent.set_logger(configure(None, []))
+        agent.train(gradient_steps=rows * width, batch_size=agent.batch_size)
+        agent.q_net_target.load_state_dict(agent.q_net.state_dict())
+    return rows * width
 
 
 def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
@@ -497,6 +534,8 @@ def check_config(config: CoTrainConfig) -> None:
             or config.learning_rate < 0 or config.shaping < 0:
         raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration, --learning-rate and "
                          "--shaping >= 0")
+    if config.real_updates and config.algo != "dqn":
+        raise ValueError("--real-updates takes an off-policy agent: --algo dqn (the text games)")
     if config.env == TEXT_ENV and config.exploration > 1:
         raise ValueError(f"--exploration is a probability for the text games, got {config.exploration}")
 
@@ -544,6 +583,9 @@ def run_cotrain(config: CoTrainConfig) -> dict:
             env.close()
             env = make_sim_env(config, state.world)
             agent.set_env(env)
+            if config.real_updates:
+                learned = learn_from_real(agent, round_dir / "real" / AGENT_TRANSITIONS)
+                log.info("round %d: the agent learned from %d real transitions", state.round, learned)
             # PPO learns in whole rollouts
             total = -(-config.sim_steps // (config.n_steps * env.num_envs)) * config.n_steps * env.num_envs \
                 if config.algo == "ppo" else config.sim_steps

@@ -139,7 +139,9 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     if arm.startswith("real") and config.env == RT1_ENV:
         key = {name: getattr(config, name) for name in REAL_ARM_FIELDS}
     else:
-        key = {**asdict(config), "world": world_fingerprint(config)}
+        # Where the loop runs and whether it learns from its real steps do not change the other arms.
+        key = {**{k: v for k, v in asdict(config).items() if k not in ("out", "real_updates")},
+               "world": world_fingerprint(config)}
     return {**key, **extra}
 
 
@@ -172,6 +174,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     their own; the real-env arms are shared."""
     env, checkpoint = (TEXT_ENV, args.text_checkpoint) if task == "text" else (RT1_ENV, args.checkpoint)
     label = f"{task}+shaping{args.shaping:g}" if args.shaping and env == RT1_ENV else task  # the text sim takes none
+    label = f"{label}+real-updates" if args.real_updates and env == TEXT_ENV else label
     return label if checkpoint == DEFAULT_CHECKPOINTS[env] else f"{label}+{path_label(checkpoint)}"
 
 
@@ -197,6 +200,8 @@ def main() -> None:
     parser.add_argument("--shaping", type=float, default=0.0,
                         help="tabletop: weight of the shaped reward in the learned sim (`CoTrainConfig.shaping`)")
     parser.add_argument("--replay", default="", help="episodes mixed into every tabletop refit (`rlvr-gym collect rt1`)")
+    parser.add_argument("--real-updates", action="store_true",
+                        help="text: the loop's DQN also learns from its real data steps (Dyna; `CoTrainConfig.real_updates`)")
     parser.add_argument("--text-replay", default="", help="ByteSized32-format transitions mixed into every text refit")
     parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS,
                         help="arms to run and report; the real-env arms take the loop's real steps as their budget")
@@ -207,7 +212,8 @@ def main() -> None:
     runs: dict = {}
     for task in args.tasks:
         for seed in args.seeds:
-            domain = {"env": TEXT_ENV, "algo": "dqn", "checkpoint": args.text_checkpoint, "replay": args.text_replay} \
+            domain = {"env": TEXT_ENV, "algo": "dqn", "checkpoint": args.text_checkpoint, "replay": args.text_replay,
+                      "real_updates": args.real_updates} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
                                         "replay": args.replay, "shaping": args.shaping}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps

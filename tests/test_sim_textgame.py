@@ -388,11 +388,14 @@ def test_cotraining_in_the_text_game_refits_on_the_agents_real_transitions(no_ch
     monkeypatch.chdir(tmp_path)  # the real games compile into ./runs/textworld_games
     config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), env=cotrain.TEXT_ENV, algo="dqn",
                                    checkpoint=str(no_change_checkpoint), rounds=1, real_steps=6, eval_episodes=2,
-                                   sim_steps=16, num_envs=2, horizon=3, mle_steps=2, grpo_steps=1)
+                                   sim_steps=16, num_envs=2, horizon=3, mle_steps=2, grpo_steps=1, real_updates=True)
     first = cotrain.run_cotrain(config)
     with gzip.open(tmp_path / "run" / "round_00" / "real" / "transitions.jsonl.gz", "rt") as f:
         records = [json.loads(line) for line in f]
     assert len(records) >= 6 and all({"current_state", "action_state", "next_score_state"} <= set(r) for r in records)
+    # The same steps as the agent saw them, which it learned from too (`real_updates`).
+    seen = np.load(tmp_path / "run" / "round_00" / "real" / cotrain.AGENT_TRANSITIONS)
+    assert len(seen["action"]) == len(records) and seen["obs"].shape == seen["next_obs"].shape
     starts = load_start_states(no_change_checkpoint)
     assert {r["current_state"]["taskDesc"] for r in records} <= {s.objective for s in starts}
     assert len(records) < first["real_steps_total"] <= len(records) + 2 * 3  # the two scoring episodes count too
@@ -406,6 +409,34 @@ def test_cotraining_in_the_text_game_refits_on_the_agents_real_transitions(no_ch
     assert second["round"] == 1 and second["agent_steps"] >= 32 and second["real_steps_total"] > first["real_steps_total"]
     with pytest.raises(ValueError, match="does not fit"):
         cotrain.run_cotrain(cotrain.CoTrainConfig(out=str(tmp_path / "x"), env=cotrain.RT1_ENV, algo="dqn"))
+    with pytest.raises(ValueError, match="off-policy"):
+        cotrain.run_cotrain(cotrain.CoTrainConfig(out=str(tmp_path / "x"), real_updates=True))
+
+
+def test_real_updates_put_the_real_transitions_in_the_replay_buffer_and_train_on_them(no_change_checkpoint, tmp_path):
+    from stable_baselines3 import DQN
+
+    from agents import cotrain
+    from agents.textgame import SlotDQNPolicy
+
+    env = make_sim_env(no_change_checkpoint, seed=0, max_steps=4)
+    agent = DQN(SlotDQNPolicy, env, learning_starts=8, buffer_size=64, batch_size=4, seed=0)
+    obs_dim = env.observation_space.shape[0]
+    rng = np.random.default_rng(0)
+    n = 7
+    path = tmp_path / cotrain.AGENT_TRANSITIONS
+    np.savez(path, obs=rng.random((n, obs_dim), dtype=np.float32), next_obs=rng.random((n, obs_dim), dtype=np.float32),
+             action=rng.integers(0, env.action_space.n, n), reward=rng.random(n), terminated=np.arange(n) == 3,
+             truncated=np.arange(n) == 6)
+    before = {k: v.clone() for k, v in agent.q_net.state_dict().items()}
+    assert cotrain.learn_from_real(agent, path) == n
+    assert agent.replay_buffer.size() == n
+    # An episode cut by the time limit ends, and is bootstrapped: SB3 keeps it as a timeout.
+    np.testing.assert_array_equal(agent.replay_buffer.dones[:n, 0], np.isin(np.arange(n), [3, 6]))
+    np.testing.assert_array_equal(agent.replay_buffer.timeouts[:n, 0], np.arange(n) == 6)
+    after = agent.q_net.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.equal(after[k], agent.q_net_target.state_dict()[k]) for k in after)
 
 
 def test_slot_q_network_scores_every_action_slot_with_the_same_weights(no_change_checkpoint):
