@@ -121,8 +121,10 @@ class CoTrainConfig:
     frame, state or success (`RT1RLVRConfig.surprise_prompts`, `TextGameRLVRConfig.surprise_prompts`)."""
     real_updates: bool = False
     """Dyna: the agent also learns from its own real data steps, as the agent trained in the real env does (DQN: the
-    round's real transitions join its replay buffer, one gradient step each, before it learns in the learned sim);
-    off: the real steps only refit the world model."""
+    round's real transitions join its replay buffer, one gradient step each, before it learns in the learned sim;
+    PPO: the data steps are a rollout of its own stochastic policy, exploration included, and one PPO update on it);
+    off: the real steps only refit the world model, and the agent collects them deterministically plus
+    `exploration` noise."""
     shaping: float = 0.0
     """RT-1: weight of the dense reward the agent gets in the learned sim on top of its success, the change in the
     log-odds of success it reads off each imagined frame (`agents.robot.VecShaped`); 0: success alone. The real env
@@ -261,21 +263,56 @@ def learned_success(agent: BaseAlgorithm, world: str, config: CoTrainConfig, epi
 
 def collect_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> int:
     from envs.robot import RealRT1Env
-    from rlvr_gym.data.episodes import SEEDS_PER_RUN, write_shards
+    from rlvr_gym.data.episodes import write_shards
 
     rng = np.random.default_rng([config.seed, state.round])
     env = RealRT1Env(task=config.task, horizon=config.steps_per_episode)
-    episodes, steps = [], 0
-    with tqdm(total=config.real_steps, desc=f"round {state.round}: collect (real)", unit="step", leave=False) as bar:
-        while steps < config.real_steps:
-            seed = COLLECT_SEED_RUN * SEEDS_PER_RUN + state.collect_seed
-            state.collect_seed += 1
-            episodes.append(agent_episode(env, agent, seed, config, rng))
-            steps += len(episodes[-1])
-            bar.update(len(episodes[-1]))
+    if config.real_updates:
+        episodes = learn_in_real_rt1(agent, env, config, state)
+        agent.save(out / REAL_UPDATED_AGENT)
+    else:
+        episodes = []
+        with tqdm(total=config.real_steps, desc=f"round {state.round}: collect (real)", unit="step", leave=False) as bar:
+            while sum(len(e) for e in episodes) < config.real_steps:
+                episodes.append(agent_episode(env, agent, collect_seed(state), config, rng))
+                bar.update(len(episodes[-1]))
     env.close()
     write_shards(episodes, out / "real", split="train", config={"round": state.round, "policy": "agent"}, overwrite=True)
-    return steps
+    return sum(len(e) for e in episodes)
+
+
+REAL_UPDATED_AGENT = "agent_real.zip"
+"""The tabletop agent after the round's real updates, which a run resumed before the round's agent phase goes on
+with."""
+
+
+def collect_seed(state: State) -> int:
+    """The env seed of the next real start state the agent collects data from."""
+    from rlvr_gym.data.episodes import SEEDS_PER_RUN
+
+    state.collect_seed += 1
+    return COLLECT_SEED_RUN * SEEDS_PER_RUN + state.collect_seed - 1
+
+
+def learn_in_real_rt1(agent: PPO, env, config: CoTrainConfig, state: State) -> list:
+    """Dyna's direct RL on the tabletop: one PPO update on a rollout of `real_steps` real steps of the agent's own
+    stochastic policy (a PPO learner on the real env that shares the agent's policy and optimizer, as the agent trained
+    in the real env learns); the rollout's episodes are the round's data."""
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
+
+    from agents.robot import VecFrames
+    from rlvr_gym.data.episodes import EpisodeRecorder
+
+    recorder = EpisodeRecorder(env, "agent", lambda: collect_seed(state))
+    venv = VecFrames(VecMonitor(DummyVecEnv([lambda: recorder])), config.frame_size)
+    learner = PPO("MlpPolicy", venv, n_steps=config.real_steps, n_epochs=4, batch_size=max(1, config.real_steps // 4),
+                  learning_rate=config.agent_learning_rate, seed=config.seed + 1000 * state.round, device="cpu",
+                  policy_kwargs={"net_arch": [64, 64]}, verbose=0)
+    learner.policy = agent.policy
+    with tqdm(total=config.real_steps, desc=f"round {state.round}: collect and learn (real)", unit="step",
+              leave=False) as bar:
+        learner.learn(config.real_steps, callback=lambda *_: bar.update() or True)
+    return recorder.finish()
 
 
 def agent_episode(env, agent: BaseAlgorithm, seed: int, config: CoTrainConfig, rng: np.random.Generator):
@@ -534,8 +571,8 @@ def check_config(config: CoTrainConfig) -> None:
             or config.learning_rate < 0 or config.shaping < 0:
         raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration, --learning-rate and "
                          "--shaping >= 0")
-    if config.real_updates and config.algo != "dqn":
-        raise ValueError("--real-updates takes an off-policy agent: --algo dqn (the text games)")
+    if config.real_updates and config.env == TEXT_ENV and config.algo != "dqn":
+        raise ValueError("--real-updates in the text games takes --algo dqn")
     if config.env == TEXT_ENV and config.exploration > 1:
         raise ValueError(f"--exploration is a probability for the text games, got {config.exploration}")
 
@@ -545,6 +582,15 @@ def load_agent(config: CoTrainConfig, path: Path, env) -> BaseAlgorithm:
     if config.algo == "dqn" and path.with_name("replay_buffer.pkl").is_file():
         agent.load_replay_buffer(path.with_name("replay_buffer.pkl"))
     return agent
+
+
+def resumed_agent(out: Path, state: State) -> Path | None:
+    """The agent a resumed run goes on with: the one after this round's real updates until the round's agent phase
+    has saved its own, else the last one saved."""
+    real = out / f"round_{state.round:02d}" / REAL_UPDATED_AGENT
+    if state.phase in ("refit", "agent") and real.is_file():
+        return real
+    return out / "agent.zip" if (out / "agent.zip").is_file() else None
 
 
 def save_agent(agent: BaseAlgorithm, round_dir: Path, out: Path) -> None:
@@ -565,8 +611,9 @@ def run_cotrain(config: CoTrainConfig) -> dict:
     atomic_write_text(out / "config.json", json.dumps(asdict(config), indent=1))
     writer = SummaryWriter(str(out / "tensorboard"))
     agent, env = make_agent(config, state.world)
-    if (out / "agent.zip").is_file():
-        agent = load_agent(config, out / "agent.zip", env)
+    saved = resumed_agent(out, state)
+    if saved is not None:
+        agent = load_agent(config, saved, env)
     while state.round < config.rounds:
         round_dir = out / f"round_{state.round:02d}"
         round_dir.mkdir(exist_ok=True)
@@ -583,7 +630,7 @@ def run_cotrain(config: CoTrainConfig) -> dict:
             env.close()
             env = make_sim_env(config, state.world)
             agent.set_env(env)
-            if config.real_updates:
+            if config.real_updates and config.algo == "dqn":  # PPO learned from them as it collected them
                 learned = learn_from_real(agent, round_dir / "real" / AGENT_TRANSITIONS)
                 log.info("round %d: the agent learned from %d real transitions", state.round, learned)
             # PPO learns in whole rollouts

@@ -6,7 +6,7 @@
     python -m bench.sim_to_real --tasks open_drawer --seeds 0 --rounds 1 --real-steps 100 --sim-steps 512   # a smoke run
 
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
-`--shaping W` under TASK+shapingW/) and reused by a rerun with the same settings, so seeds can run in parallel
+`--shaping W` under TASK+shapingW/, a loop with `--real-updates` under TASK+real-updates/) and reused by a rerun with the same settings, so seeds can run in parallel
 processes (`--seeds 0`, `--seeds 1`) and a last run with all seeds writes the report.
 
 "Tasks" are tabletop tasks (PPO in RLVRWorld-RT1-v0) and `text` (DQN in RLVRWorld-TextGame-v0 on its 32 games).
@@ -174,7 +174,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     their own; the real-env arms are shared."""
     env, checkpoint = (TEXT_ENV, args.text_checkpoint) if task == "text" else (RT1_ENV, args.checkpoint)
     label = f"{task}+shaping{args.shaping:g}" if args.shaping and env == RT1_ENV else task  # the text sim takes none
-    label = f"{label}+real-updates" if args.real_updates and env == TEXT_ENV else label
+    label = f"{label}+real-updates" if args.real_updates else label
     return label if checkpoint == DEFAULT_CHECKPOINTS[env] else f"{label}+{path_label(checkpoint)}"
 
 
@@ -201,7 +201,7 @@ def main() -> None:
                         help="tabletop: weight of the shaped reward in the learned sim (`CoTrainConfig.shaping`)")
     parser.add_argument("--replay", default="", help="episodes mixed into every tabletop refit (`rlvr-gym collect rt1`)")
     parser.add_argument("--real-updates", action="store_true",
-                        help="text: the loop's DQN also learns from its real data steps (Dyna; `CoTrainConfig.real_updates`)")
+                        help="the loop's agent also learns from its real data steps (Dyna; `CoTrainConfig.real_updates`)")
     parser.add_argument("--text-replay", default="", help="ByteSized32-format transitions mixed into every text refit")
     parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS,
                         help="arms to run and report; the real-env arms take the loop's real steps as their budget")
@@ -215,7 +215,8 @@ def main() -> None:
             domain = {"env": TEXT_ENV, "algo": "dqn", "checkpoint": args.text_checkpoint, "replay": args.text_replay,
                       "real_updates": args.real_updates} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
-                                        "replay": args.replay, "shaping": args.shaping}
+                                        "replay": args.replay, "shaping": args.shaping,
+                                        "real_updates": args.real_updates}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps
             label = arm_label(task, args)
             base = CoTrainConfig(out=str(OUT / "sim_to_real" / label / f"loop-{seed}"), rounds=args.rounds,

@@ -174,6 +174,38 @@ def test_cotraining_counts_real_steps_refits_the_world_on_the_agents_episodes_an
         cotrain.run_cotrain(replace(config, rounds=3, mle_steps=5))
 
 
+def test_real_updates_train_the_tabletop_agent_on_its_data_steps_and_a_kill_keeps_them(tiny_world, tmp_path,
+                                                                                        monkeypatch):
+    from agents import cotrain
+
+    config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), checkpoint=tiny_world, task="open_drawer", rounds=1,
+                                   real_steps=12, eval_episodes=1, sim_steps=16, num_envs=2, horizon=5, frame_size=16,
+                                   mle_steps=1, grpo_steps=0, recalibrate=False, n_steps=8, real_updates=True)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cotrain, "refit", killed)
+    with pytest.raises(KeyboardInterrupt):
+        cotrain.run_cotrain(config)
+    # One PPO rollout of exactly the data steps, its episodes (the last one cut) written as the world model's data.
+    collected = load_episodes(tmp_path / "run" / "round_00" / "real")
+    assert sum(len(e) for e in collected) == 12 and [len(e) for e in collected] == [5, 5, 2]
+    assert len({e.seed for e in collected}) == 3 and all(e.policy == "agent" for e in collected)
+    state = cotrain.State(**json.loads((tmp_path / "run" / "state.json").read_text()))
+    assert (state.phase, state.real_steps_total, state.collect_seed) == ("refit", 12, 3)
+    # The agent learned from them, and a resumed run goes on with that agent.
+    untrained = cotrain.make_agent(config, state.world)[0].policy.state_dict()
+    saved = cotrain.resumed_agent(tmp_path / "run", state)
+    assert saved == tmp_path / "run" / "round_00" / cotrain.REAL_UPDATED_AGENT
+    updated = PPO.load(saved, device="cpu").policy.state_dict()
+    assert any(not torch.equal(untrained[k], updated[k]) for k in untrained)
+    monkeypatch.undo()
+    assert cotrain.run_cotrain(config)["real_steps_total"] > 12
+    with pytest.raises(ValueError, match="text games takes --algo dqn"):
+        cotrain.run_cotrain(replace(config, out=str(tmp_path / "x"), env=cotrain.TEXT_ENV, algo="ppo"))
+
+
 def test_a_run_recorded_before_a_setting_existed_resumes_with_that_setting_at_its_default(tmp_path):
     from agents import cotrain
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
 import numpy as np
 from tqdm import tqdm
 
@@ -360,29 +361,66 @@ def collect_episode(env: RealRT1Env, task: str, policy: str, seed: int,
     """Run one episode in a RealRT1Env made for `task`: reset with `seed`, act until it ends. `act` (frame, info) ->
     action acts when given, and `policy` only names it in the data; else `policy` names the policy that acts."""
     act = act or named_policy(task, policy, seed)
-    obs, info = env.reset(seed=seed)
-    frames, states, actions, rewards, success = [obs], [_state(info)], [], [], []
+    recorder = EpisodeRecorder(env, policy, lambda: seed)
+    obs, info = recorder.reset()
     while True:
-        action = np.clip(np.asarray(act(obs, info), dtype=np.float32), -1.0, 1.0)
-        obs, reward, terminated, truncated, info = env.step(action)
-        frames.append(obs)
-        states.append(_state(info))
-        actions.append(action)
-        rewards.append(reward)
-        success.append(info["success"])
+        obs, _, terminated, truncated, info = recorder.step(act(obs, info))
         if terminated or truncated:
-            break
-    return Episode(
-        frames=np.stack(frames),
-        actions=np.stack(actions),
-        rewards=np.array(rewards, dtype=np.float32),
-        success=np.array(success, dtype=bool),
-        states=np.stack(states),
-        task=info["task"],
-        instruction=info["instruction"],
-        seed=seed,
-        policy=policy,
-    )
+            return recorder.finish()[0]
+
+
+class EpisodeRecorder(gym.Wrapper):
+    """Records every episode played through a RealRT1Env, whoever steps it (a scripted policy, or an SB3 agent
+    learning in the real env inside a VecEnv): each reset takes its seed from `next_seed`, so the episodes come from
+    a known collection run. `finish()` returns the episodes, the one in progress included up
+    to its last step (its `success` says what happened in the steps it has)."""
+
+    def __init__(self, env: RealRT1Env, policy: str, next_seed: Callable[[], int]):
+        super().__init__(env)
+        self.policy, self.next_seed = policy, next_seed
+        self.episodes: list[Episode] = []
+        self._current: dict[str, Any] | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Ends the episode in progress; the new one starts from `next_seed()` (the `seed` argument is ignored, as a
+        VecEnv passes its own)."""
+        self._close_episode()
+        seed = self.next_seed()
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._current = {"seed": seed, "frames": [obs], "states": [_state(info)], "actions": [], "rewards": [],
+                         "success": [], "info": info}
+        return obs, info
+
+    def step(self, action):
+        if self._current is None:
+            raise RuntimeError("call reset() before step()")
+        action = np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        for key, value in (("frames", obs), ("states", _state(info)), ("actions", action), ("rewards", reward),
+                           ("success", info["success"])):
+            self._current[key].append(value)
+        self._current["info"] = info
+        return obs, reward, terminated, truncated, info
+
+    def finish(self) -> list[Episode]:
+        self._close_episode()
+        return self.episodes
+
+    def _close_episode(self) -> None:
+        current, self._current = self._current, None
+        if not current or not current["actions"]:
+            return
+        self.episodes.append(Episode(
+            frames=np.stack(current["frames"]),
+            actions=np.stack(current["actions"]),
+            rewards=np.array(current["rewards"], dtype=np.float32),
+            success=np.array(current["success"], dtype=bool),
+            states=np.stack(current["states"]),
+            task=current["info"]["task"],
+            instruction=current["info"]["instruction"],
+            seed=current["seed"],
+            policy=self.policy,
+        ))
 
 
 def _state(info: dict[str, Any]) -> np.ndarray:
