@@ -11,7 +11,8 @@ setup do, with RLVR in it:
   (a) collect: the current agent acts in the real env for `real_steps` steps (with exploration: Gaussian action
       noise on the tabletop, a random candidate command with probability `exploration` in the text games); the
       episodes are written in the world model's own data format (`rlvr_gym.data.episodes` shards, ByteSized32
-      transition records);
+      transition records); with `real_updates` the agent learns from these steps too, as Dyna's direct RL does (PPO
+      collects them as a rollout of its own policy and updates on it; DQN learns from them at the start of (c));
   (b) refit: the world model is fine-tuned by MLE on every agent episode so far (mixed with `replay`, its original
       training data, when given), then by GRPO with the domain's verifiable reward (video: -(L1 + LPIPS); text:
       exact match of the next state) on prompts from this round's episodes, weighted toward the steps where the
