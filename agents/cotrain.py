@@ -121,11 +121,11 @@ class CoTrainConfig:
     """Fraction of the GRPO prompts from the steps where the refitted simulator was most wrong about the real next
     frame, state or success (`RT1RLVRConfig.surprise_prompts`, `TextGameRLVRConfig.surprise_prompts`)."""
     real_updates: bool = False
-    """Dyna: the agent also learns from its own real data steps, as the agent trained in the real env does (DQN: the
-    round's real transitions join its replay buffer, one gradient step each, before it learns in the learned sim;
-    PPO: the data steps are a rollout of its own stochastic policy, exploration included, and one PPO update on it);
-    off: the real steps only refit the world model, and the agent collects them deterministically plus
-    `exploration` noise."""
+    """Dyna: the agent also learns from its own real data steps, as the agent trained in the real env does. DQN: the
+    round's real transitions (collected with `exploration`, as without) join its replay buffer, one gradient step
+    each, before it learns in the learned sim. PPO: the data steps are one rollout of its own stochastic policy,
+    which explores in place of `exploration`, and one PPO update on it. Off: the real steps only refit the world
+    model."""
     shaping: float = 0.0
     """RT-1: weight of the dense reward the agent gets in the learned sim on top of its success, the change in the
     log-odds of success it reads off each imagined frame (`agents.robot.VecShaped`); 0: success alone. The real env
