@@ -372,18 +372,15 @@ def collect_episode(env: RealRT1Env, task: str, policy: str, seed: int,
 class EpisodeRecorder(gym.Wrapper):
     """Records every episode played through a RealRT1Env, whoever steps it (a scripted policy, or an SB3 agent
     learning in the real env inside a VecEnv): each reset takes its seed from `next_seed`, so the episodes come from
-    a known collection run. `finish()` returns the episodes, the one in progress included up
-    to its last step (its `success` says what happened in the steps it has)."""
+    a known collection run. `finish()` returns them, the one in progress up to its last step."""
 
     def __init__(self, env: RealRT1Env, policy: str, next_seed: Callable[[], int]):
         super().__init__(env)
-        self.policy, self.next_seed = policy, next_seed
-        self.episodes: list[Episode] = []
+        self.policy, self.next_seed, self.episodes = policy, next_seed, []
         self._current: dict[str, Any] | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """Ends the episode in progress; the new one starts from `next_seed()` (the `seed` argument is ignored, as a
-        VecEnv passes its own)."""
+        """Ends the episode in progress; the new one starts from `next_seed()`, whatever `seed` a VecEnv passes."""
         self._close_episode()
         seed = self.next_seed()
         obs, info = self.env.reset(seed=seed, options=options)
@@ -408,19 +405,13 @@ class EpisodeRecorder(gym.Wrapper):
 
     def _close_episode(self) -> None:
         current, self._current = self._current, None
-        if not current or not current["actions"]:
-            return
-        self.episodes.append(Episode(
-            frames=np.stack(current["frames"]),
-            actions=np.stack(current["actions"]),
-            rewards=np.array(current["rewards"], dtype=np.float32),
-            success=np.array(current["success"], dtype=bool),
-            states=np.stack(current["states"]),
-            task=current["info"]["task"],
-            instruction=current["info"]["instruction"],
-            seed=current["seed"],
-            policy=self.policy,
-        ))
+        if current and current["actions"]:
+            info = current["info"]
+            self.episodes.append(Episode(
+                frames=np.stack(current["frames"]), actions=np.stack(current["actions"]),
+                rewards=np.array(current["rewards"], np.float32), success=np.array(current["success"], bool),
+                states=np.stack(current["states"]), task=info["task"], instruction=info["instruction"],
+                seed=current["seed"], policy=self.policy))
 
 
 def _state(info: dict[str, Any]) -> np.ndarray:
