@@ -409,8 +409,9 @@ def test_cotraining_in_the_text_game_refits_on_the_agents_real_transitions(no_ch
     assert second["round"] == 1 and second["agent_steps"] >= 32 and second["real_steps_total"] > first["real_steps_total"]
     with pytest.raises(ValueError, match="does not fit"):
         cotrain.run_cotrain(cotrain.CoTrainConfig(out=str(tmp_path / "x"), env=cotrain.RT1_ENV, algo="dqn"))
-    with pytest.raises(ValueError, match="off-policy"):
-        cotrain.run_cotrain(cotrain.CoTrainConfig(out=str(tmp_path / "x"), real_updates=True))
+    with pytest.raises(ValueError, match="text games takes --algo dqn"):
+        cotrain.run_cotrain(cotrain.CoTrainConfig(out=str(tmp_path / "x"), env=cotrain.TEXT_ENV, algo="ppo",
+                                                  real_updates=True))
 
 
 def test_real_updates_put_the_real_transitions_in_the_replay_buffer_and_train_on_them(no_change_checkpoint, tmp_path):

@@ -202,8 +202,6 @@ def test_real_updates_train_the_tabletop_agent_on_its_data_steps_and_a_kill_keep
     assert any(not torch.equal(untrained[k], updated[k]) for k in untrained)
     monkeypatch.undo()
     assert cotrain.run_cotrain(config)["real_steps_total"] > 12
-    with pytest.raises(ValueError, match="text games takes --algo dqn"):
-        cotrain.run_cotrain(replace(config, out=str(tmp_path / "x"), env=cotrain.TEXT_ENV, algo="ppo"))
 
 
 def test_a_run_recorded_before_a_setting_existed_resumes_with_that_setting_at_its_default(tmp_path):
