@@ -6,8 +6,9 @@
     python -m bench.sim_to_real --tasks open_drawer --seeds 0 --rounds 1 --real-steps 100 --sim-steps 512   # a smoke run
 
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
-`--shaping W` under TASK+shapingW/, a loop with `--real-updates` under TASK+real-updates/) and reused by a rerun with the same settings, so seeds can run in parallel
-processes (`--seeds 0`, `--seeds 1`) and a last run with all seeds writes the report.
+`--shaping W` under TASK+shapingW/, a loop with `--real-updates` under TASK+real-updates/) and reused by a rerun
+with the same settings, so seeds can run in parallel processes (`--seeds 0`, `--seeds 1`) and a last run with all
+seeds writes the report.
 
 "Tasks" are tabletop tasks (PPO in RLVRWorld-RT1-v0) and `text` (DQN in RLVRWorld-TextGame-v0 on its 32 games).
 Arms, each from the same seeds, each point its real success against the real env steps it has taken so far (data
