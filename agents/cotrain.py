@@ -272,10 +272,11 @@ def collect_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: 
         episodes = learn_in_real_rt1(agent, env, config, state)
         agent.save(out / REAL_UPDATED_AGENT)
     else:
-        episodes = []
+        episodes, steps = [], 0
         with tqdm(total=config.real_steps, desc=f"round {state.round}: collect (real)", unit="step", leave=False) as bar:
-            while sum(len(e) for e in episodes) < config.real_steps:
+            while steps < config.real_steps:
                 episodes.append(agent_episode(env, agent, collect_seed(state), config, rng))
+                steps += len(episodes[-1])
                 bar.update(len(episodes[-1]))
     env.close()
     write_shards(episodes, out / "real", split="train", config={"round": state.round, "policy": "agent"}, overwrite=True)
@@ -445,7 +446,8 @@ def collect_text(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out:
                 bar.update()
     env.close()
     write_transitions(records, out / "real")
-    np.savez_compressed(out / "real" / AGENT_TRANSITIONS, **{k: np.asarray(v) for k, v in seen.items()})
+    if config.real_updates:
+        np.savez_compressed(out / "real" / AGENT_TRANSITIONS, **{k: np.asarray(v) for k, v in seen.items()})
     return steps
 
 

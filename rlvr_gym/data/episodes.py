@@ -385,7 +385,7 @@ class EpisodeRecorder(gym.Wrapper):
         seed = self.next_seed()
         obs, info = self.env.reset(seed=seed, options=options)
         self._current = {"seed": seed, "frames": [obs], "states": [_state(info)], "actions": [], "rewards": [],
-                         "success": [], "info": info}
+                         "success": [], "task": info["task"], "instruction": info["instruction"]}
         return obs, info
 
     def step(self, action):
@@ -396,7 +396,6 @@ class EpisodeRecorder(gym.Wrapper):
         for key, value in (("frames", obs), ("states", _state(info)), ("actions", action), ("rewards", reward),
                            ("success", info["success"])):
             self._current[key].append(value)
-        self._current["info"] = info
         return obs, reward, terminated, truncated, info
 
     def finish(self) -> list[Episode]:
@@ -406,11 +405,10 @@ class EpisodeRecorder(gym.Wrapper):
     def _close_episode(self) -> None:
         current, self._current = self._current, None
         if current and current["actions"]:
-            info = current["info"]
             self.episodes.append(Episode(
                 frames=np.stack(current["frames"]), actions=np.stack(current["actions"]),
                 rewards=np.array(current["rewards"], np.float32), success=np.array(current["success"], bool),
-                states=np.stack(current["states"]), task=info["task"], instruction=info["instruction"],
+                states=np.stack(current["states"]), task=current["task"], instruction=current["instruction"],
                 seed=current["seed"], policy=self.policy))
 
 
