@@ -120,6 +120,14 @@ class CoTrainConfig:
     surprise_prompts: float = 0.5
     """Fraction of the GRPO prompts from the steps where the refitted simulator was most wrong about the real next
     frame, state or success (`RT1RLVRConfig.surprise_prompts`, `TextGameRLVRConfig.surprise_prompts`)."""
+    surprise_on: Literal["state", "outcome"] = "state"
+    """Text: what makes a step surprising for the GRPO prompts, any error in the predicted next state or, first, an
+    error in its outcome (score, gameOver, gameWon: a false or a missed win; `TextGameRLVRConfig.surprise_on`)."""
+    win_share: float = 0.0
+    """Text: the least share of the agent's transitions in each MLE refit that win the game (the winning ones are
+    repeated until they make it; 0: as they come). Wins are a few percent of the agent's steps and the one outcome
+    that pays: a refit that sees them as rarely as they come learns to predict few of them, and the simulator then
+    withholds the success the real game gives."""
     real_updates: bool = False
     """Dyna: the agent also learns from its own real data steps, as the agent trained in the real env does. DQN: the
     round's real transitions (collected with `exploration`, as without) join its replay buffer, one gradient step
@@ -484,12 +492,19 @@ def learn_from_real(agent: DQN, path: Path) -> int:
 def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
     from rlvr_gym.data.bytesized32 import load_transitions
     from rlvr_gym.data.textgame import TEXTWORLD_FILE, write_transitions
-    from rlvr_gym.train.textgame import TextGameRLVRConfig, TextGameSFTConfig, run_textgame_rlvr, run_textgame_sft
+    from rlvr_gym.train.textgame import (
+        TextGameRLVRConfig,
+        TextGameSFTConfig,
+        run_textgame_rlvr,
+        run_textgame_sft,
+        weight_toward,
+    )
 
     seen = []
     for r in range(state.round + 1):
         with gzip.open(run_dir / f"round_{r:02d}" / "real" / TEXTWORLD_FILE, "rt", encoding="utf-8") as f:
             seen += [json.loads(line) for line in f]
+    seen = weight_toward(seen, [wins(record) for record in seen], config.win_share)
     seen_file = write_transitions(seen, out / "seen")
     if config.replay:
         # The agent's transitions at least as many as the replay's, so that the refit learns the games it plays.
@@ -509,13 +524,19 @@ def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) ->
         return str(mle_dir)
     recipe = TextGameRLVRConfig(
         run_dir=str(out / "rlvr"), model=str(mle_dir), data=str(out / "real" / TEXTWORLD_FILE), eval_data="",
-        eval_accuracy_examples=0, surprise_prompts=config.surprise_prompts, seed=config.seed,
+        eval_accuracy_examples=0, surprise_prompts=config.surprise_prompts, surprise_on=config.surprise_on,
+        seed=config.seed,
         resume=(out / "rlvr" / "checkpoints").exists(),
         grpo=GRPOConfig(steps=config.grpo_steps, lr=5e-5, prompts_per_step=4, group_size=8, max_new_tokens=128,
                         temperature=0.7, beta=0.0, micro_batch=8, save_every=max(config.grpo_steps, 1),
                         seed=config.seed),
     )
     return str(with_start_states(run_textgame_rlvr(recipe), state.world))
+
+
+def wins(record: dict) -> bool:
+    """Whether a ByteSized32-format transition record is the step that wins its game."""
+    return bool(record["next_score_state"]["gameWon"]) and not record["current_score_state"]["gameWon"]
 
 
 def with_start_states(model_dir: Path, world: str) -> Path:
@@ -576,6 +597,10 @@ def check_config(config: CoTrainConfig) -> None:
                          "--shaping >= 0")
     if config.real_updates and config.env == TEXT_ENV and config.algo != "dqn":
         raise ValueError("--real-updates in the text games takes --algo dqn")
+    if config.surprise_on not in ("state", "outcome"):
+        raise ValueError(f"--surprise-on is state or outcome, got {config.surprise_on!r}")
+    if not 0 <= config.win_share < 1:
+        raise ValueError(f"--win-share is a fraction in [0, 1), got {config.win_share}")
     if config.env == TEXT_ENV and config.exploration > 1:
         raise ValueError(f"--exploration is a probability for the text games, got {config.exploration}")
 

@@ -6,7 +6,8 @@
     python -m bench.sim_to_real --tasks open_drawer --seeds 0 --rounds 1 --real-steps 100 --sim-steps 512   # a smoke run
 
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
-`--shaping W` under TASK+shapingW/, a loop with `--real-updates` under TASK+real-updates/) and reused by a rerun
+`--shaping W` under TASK+shapingW/, a loop with `--real-updates` under TASK+real-updates/, text refits with
+`--win-share F` under text+winF/, with `--surprise-on outcome` under text+surprise-outcome/) and reused by a rerun
 with the same settings, so seeds can run in parallel processes (`--seeds 0`, `--seeds 1`) and a last run with all
 seeds writes the report.
 
@@ -140,8 +141,9 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     if arm.startswith("real") and config.env == RT1_ENV:
         key = {name: getattr(config, name) for name in REAL_ARM_FIELDS}
     else:
-        # Where the loop runs and whether it learns from its real steps do not change the other arms.
-        key = {**{k: v for k, v in asdict(config).items() if k not in ("out", "real_updates")},
+        # Where the loop runs, whether it learns from its real steps and how its refits weight their data do not change
+        # the other arms.
+        key = {**{k: v for k, v in asdict(config).items() if k not in ("out", "real_updates", "win_share", "surprise_on")},
                "world": world_fingerprint(config)}
     return {**key, **extra}
 
@@ -176,6 +178,8 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     env, checkpoint = (TEXT_ENV, args.text_checkpoint) if task == "text" else (RT1_ENV, args.checkpoint)
     label = f"{task}+shaping{args.shaping:g}" if args.shaping and env == RT1_ENV else task  # the text sim takes none
     label = f"{label}+real-updates" if args.real_updates else label
+    label = f"{label}+win{args.win_share:g}" if args.win_share and env == TEXT_ENV else label
+    label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
     return label if checkpoint == DEFAULT_CHECKPOINTS[env] else f"{label}+{path_label(checkpoint)}"
 
 
@@ -203,6 +207,10 @@ def main() -> None:
     parser.add_argument("--replay", default="", help="episodes mixed into every tabletop refit (`rlvr-gym collect rt1`)")
     parser.add_argument("--real-updates", action="store_true",
                         help="the loop's agent also learns from its real data steps (Dyna; `CoTrainConfig.real_updates`)")
+    parser.add_argument("--win-share", type=float, default=0.0,
+                        help="text: the least share of winning transitions in each refit (`CoTrainConfig.win_share`)")
+    parser.add_argument("--surprise-on", choices=("state", "outcome"), default="state",
+                        help="text: what makes a step surprising for the refits' GRPO prompts (`CoTrainConfig.surprise_on`)")
     parser.add_argument("--text-replay", default="", help="ByteSized32-format transitions mixed into every text refit")
     parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS,
                         help="arms to run and report; the real-env arms take the loop's real steps as their budget")
@@ -214,7 +222,8 @@ def main() -> None:
     for task in args.tasks:
         for seed in args.seeds:
             domain = {"env": TEXT_ENV, "algo": "dqn", "checkpoint": args.text_checkpoint, "replay": args.text_replay,
-                      "real_updates": args.real_updates} \
+                      "real_updates": args.real_updates, "win_share": args.win_share,
+                      "surprise_on": args.surprise_on} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
                                         "replay": args.replay, "shaping": args.shaping,
                                         "real_updates": args.real_updates}

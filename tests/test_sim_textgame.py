@@ -414,6 +414,22 @@ def test_cotraining_in_the_text_game_refits_on_the_agents_real_transitions(no_ch
                                                   real_updates=True))
 
 
+def test_the_text_refit_repeats_the_steps_that_win_up_to_win_share():
+    from agents import cotrain
+    from rlvr_gym.train.textgame import weight_toward
+
+    def record(won_before: bool, won_after: bool) -> dict:
+        return {"current_score_state": {"score": 0, "gameOver": won_before, "gameWon": won_before},
+                "next_score_state": {"score": 1, "gameOver": won_after, "gameWon": won_after}}
+
+    records = [record(False, True)] + [record(False, False)] * 18 + [record(True, True)]  # the last: won already
+    assert [cotrain.wins(r) for r in records] == [True] + [False] * 19
+    mix = weight_toward(records, [cotrain.wins(r) for r in records], 0.2)
+    assert sum(map(cotrain.wins, mix)) / len(mix) >= 0.2 and sum(map(cotrain.wins, mix)) == 5
+    with pytest.raises(ValueError, match="win-share"):
+        cotrain.run_cotrain(cotrain.CoTrainConfig(env=cotrain.TEXT_ENV, algo="dqn", win_share=1.0))
+
+
 def test_real_updates_put_the_real_transitions_in_the_replay_buffer_and_train_on_them(no_change_checkpoint, tmp_path):
     from stable_baselines3 import DQN
 

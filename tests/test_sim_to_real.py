@@ -29,14 +29,16 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
     before = arm_key(text, "real-1x", budget=100)
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
     assert arm_key(text, "real-1x", budget=100) != before
-    # Nor does where the loop runs, or whether it learns from its real steps, change the other arms.
-    dyna = replace(text, out="elsewhere", real_updates=True)
+    # Nor does where the loop runs, whether it learns from its real steps or how its refits weight their data change
+    # the other arms.
+    dyna = replace(text, out="elsewhere", real_updates=True, win_share=0.2, surprise_on="outcome")
     assert arm_key(dyna, "real-1x", budget=100) == arm_key(text, "real-1x", budget=100)
     assert arm_key(dyna, "frozen") == arm_key(text, "frozen")
 
 
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
-    args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, real_updates=False)
+    args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, real_updates=False,
+                              win_share=0.0, surprise_on="state")
     assert arm_label("close_drawer", args) == "close_drawer"
     assert arm_label("text", args) == "text"
     assert arm_label("close_drawer", replace_args(args, shaping=0.2)) == "close_drawer+shaping0.2"
@@ -46,6 +48,9 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     assert arm_label("text", replace_args(args, text_checkpoint="runs/z/final")) == "text+runs_z_final"
     assert arm_label("text", replace_args(args, real_updates=True)) == "text+real-updates"
     assert arm_label("close_drawer", replace_args(args, real_updates=True)) == "close_drawer+real-updates"
+    text_refits = replace_args(args, real_updates=True, win_share=0.2, surprise_on="outcome")
+    assert arm_label("text", text_refits) == "text+real-updates+win0.2+surprise-outcome"
+    assert arm_label("close_drawer", text_refits) == "close_drawer+real-updates"  # the tabletop refits take neither
 
 
 def replace_args(args: argparse.Namespace, **changes) -> argparse.Namespace:

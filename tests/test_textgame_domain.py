@@ -407,6 +407,15 @@ def test_binary_reward():
     assert rewards[2]["score"] == 0.0 and "not valid JSON" in rewards[2]["error"]
 
 
+def test_outcome_matches_reads_score_and_win_but_not_the_objects():
+    won = _with(HEATED, gameWon=True, gameOver=True)
+    false_win = '{"m":[{"u":2,"p":{"isOn":true,"temperature":30.0}}],"s":{"g":true,"w":true}}'
+    wrong_objects = '{"m":[{"u":2,"p":{"isOn":true}}]}'
+    assert tg.outcome_matches(false_win, CURRENT, won) and not tg.outcome_matches(false_win, CURRENT, HEATED)
+    assert not tg.outcome_matches(HEATED_TARGET, CURRENT, won)  # a missed win
+    assert tg.outcome_matches(wrong_objects, CURRENT, HEATED) and not tg.outcome_matches("{oops", CURRENT, HEATED)
+
+
 def test_task_reward_partial_credit_by_hand():
     forgot_heat = '{"m":[{"u":2,"p":{"isOn":true}}]}'
     spurious = '{"m":[{"u":2,"p":{"isOn":true,"temperature":30.0}},{"u":0,"p":{"isContainer":false}}]}'

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -130,8 +131,16 @@ def test_rlvr_surprise_prompts_repeat_the_transitions_the_model_gets_wrong(sft_r
     assert len(counts) == 1
     wrong, total = map(int, counts[0].split("gets ")[1].split(" training")[0].split(" of "))
     assert wrong == total > 0
+    # Outcome first: the transitions whose score, gameOver or gameWon the model gets wrong are the surprising ones.
+    caplog.clear()
+    with caplog.at_level("INFO", logger="rlvr_gym"):
+        run_textgame_rlvr(replace(config, run_dir=str(tmp_path / "outcome"), surprise_on="outcome"))
+    outcome = [m for m in caplog.messages if "wrong about the outcome" in m]
+    assert len(outcome) == 1 and 0 <= int(outcome[0].split()[0]) <= total
     with pytest.raises(ValueError, match="surprise-prompts"):
         run_textgame_rlvr(TextGameRLVRConfig(run_dir=str(tmp_path / "x"), surprise_prompts=1.0))
+    with pytest.raises(ValueError, match="surprise-on"):
+        run_textgame_rlvr(TextGameRLVRConfig(run_dir=str(tmp_path / "x"), surprise_on="frames"))
 
 
 def chain_model(tokenizer, chain: list[int], path: Path) -> Path:

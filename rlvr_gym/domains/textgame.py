@@ -186,6 +186,15 @@ def states_match(pred: State, gold: State) -> bool:
     return _pair_values(pred) == _pair_values(gold) and all(_canon(pred[f]) == _canon(gold[f]) for f in SCORE_FIELDS)
 
 
+def outcome_matches(completion: str, current: State, next: State) -> bool:
+    """Whether a completion parses and predicts the gold score, gameOver and gameWon: what a simulator pays on."""
+    diff, error = parse_diff(completion, current)
+    if error is not None:
+        return False
+    predicted = rebuild(current, diff)
+    return all(_canon(predicted[f]) == _canon(next[f]) for f in SCORE_FIELDS)
+
+
 def binary_reward(completions: list[str], current: list[State], next: list[State], **_: Any) -> list[dict[str, Any]]:
     """1.0 when the completion's diff rebuilds the gold next state exactly, else 0.0 (TRL-style reward function)."""
     rewards = []

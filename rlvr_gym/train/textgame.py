@@ -36,7 +36,7 @@ from rlvr_gym.data.textgame import (
     train_tokenizer,
     transition_texts,
 )
-from rlvr_gym.domains.textgame import DEFAULT_BALANCE, REWARDS, accuracy_table, binary_reward
+from rlvr_gym.domains.textgame import DEFAULT_BALANCE, REWARDS, accuracy_table, binary_reward, outcome_matches
 from rlvr_gym.files import atomic_write_text
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model, load_tokenizer, parameter_count
 from rlvr_gym.models.sampler import sample_texts
@@ -205,6 +205,10 @@ class TextGameRLVRConfig:
     """Fraction of the prompts from transitions whose next state the starting model gets wrong (greedy, exact
     match), repeated until they make it: RLVR weighted toward the steps where the simulator and the real game
     disagree (the co-training loop's refits). 0 keeps the data's own mix."""
+    surprise_on: Literal["state", "outcome"] = "state"
+    """What makes a transition surprising: state, any error in the predicted next state; outcome, an error in its
+    score, gameOver or gameWon (a false or a missed win: what a simulator pays on), the state's errors standing in
+    when the model gets every outcome right."""
     resume: bool = False
     """Continue from the newest checkpoint in run_dir."""
     grpo: GRPOConfig = field(
@@ -234,6 +238,8 @@ def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
         raise ValueError(f"unknown reward {config.reward!r}: use binary or task")
     if not 0 <= config.surprise_prompts < 1:
         raise ValueError(f"--surprise-prompts is a fraction in [0, 1), got {config.surprise_prompts}")
+    if config.surprise_on not in ("state", "outcome"):
+        raise ValueError(f"--surprise-on is state or outcome, got {config.surprise_on!r}")
     root = Path(config.run_dir)
     d = setup_processes(config.grpo.threads)
     check_run(root, config, d.is_main)
@@ -248,6 +254,10 @@ def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
                                                   config.eval_batch_size, config.grpo.max_new_tokens)]
         wrong = [r["score"] < 1 for r in binary_reward(completions, [t.current for t in train], [t.next for t in train])]
         log.info("the starting model gets %d of %d training transitions wrong", sum(wrong), len(train))
+        if config.surprise_on == "outcome":
+            outcome_wrong = [not outcome_matches(c, t.current, t.next) for c, t in zip(completions, train)]
+            log.info("%d of them wrong about the outcome", sum(outcome_wrong))
+            wrong = outcome_wrong if any(outcome_wrong) else wrong
         train = weight_toward(train, wrong, config.surprise_prompts)
     examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.grpo.max_new_tokens)
     report_data(root, stats, d.is_main)
