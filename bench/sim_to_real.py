@@ -159,13 +159,15 @@ def world_fingerprint(config: CoTrainConfig) -> str:
     return digest.hexdigest()[:16]
 
 
-def cached(path: Path, key: dict, compute) -> list[dict]:
+def cached(path: Path, key: dict, compute, older: Path | None = None) -> list[dict]:
     """An arm's curve, computed once for its settings: a rerun, or the run that gathers seeds other processes ran,
-    reuses it (the loop arms resume from their own run directories)."""
-    if path.is_file():
-        saved = json.loads(path.read_text())
-        if saved["key"] == key:
-            return saved["points"]
+    reuses it (the loop arms resume from their own run directories). `older`: where an earlier version of this
+    script kept the same curve, read if its settings match."""
+    for candidate in (path, older):
+        if candidate is not None and candidate.is_file():
+            saved = json.loads(candidate.read_text())
+            if saved["key"] == key:
+                return saved["points"]
     points = compute()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"key": key, "points": points}))
@@ -247,8 +249,11 @@ def main() -> None:
             for name, scale in (("real-1x", 1), ("real-10x", 10)):
                 if name not in args.arms:
                     continue
-                curves[name] = cached(directory / f"{name}-{seed}.json", arm_key(base, name, budget=scale * budget),
-                                      lambda scale=scale: real_arm(base, scale * budget, args.rounds))
+                # One file per budget: loops run with other settings take other real steps, and each keeps its baseline.
+                curves[name] = cached(directory / f"{name}-{seed}-{scale * budget}steps.json",
+                                      arm_key(base, name, budget=scale * budget),
+                                      lambda scale=scale: real_arm(base, scale * budget, args.rounds),
+                                      older=directory / f"{name}-{seed}.json")
             runs.setdefault(label, {})[seed] = curves
             (OUT / "sim_to_real.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
     write_report(args, runs)

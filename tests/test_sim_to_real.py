@@ -5,7 +5,7 @@ import json
 from dataclasses import replace
 
 from agents.cotrain import TEXT_ENV, CoTrainConfig
-from bench.sim_to_real import arm_key, arm_label
+from bench.sim_to_real import arm_key, arm_label, cached
 
 
 def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_too(tmp_path):
@@ -55,3 +55,20 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
 
 def replace_args(args: argparse.Namespace, **changes) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), **changes})
+
+
+def test_a_cached_curve_is_read_for_its_own_settings_from_its_file_or_the_older_one(tmp_path):
+    computed = []
+
+    def compute():
+        computed.append(1)
+        return [{"real_steps_total": 10, "real_success": 0.5}]
+
+    older = tmp_path / "real-1x-0.json"
+    older.write_text(json.dumps({"key": {"budget": 100}, "points": [{"real_steps_total": 100, "real_success": 1.0}]}))
+    assert cached(tmp_path / "real-1x-0-100steps.json", {"budget": 100}, compute, older)[0]["real_success"] == 1.0
+    assert not computed
+    # Another budget is another curve, kept in its own file beside the first.
+    assert cached(tmp_path / "real-1x-0-200steps.json", {"budget": 200}, compute, older)[0]["real_success"] == 0.5
+    assert cached(tmp_path / "real-1x-0-200steps.json", {"budget": 200}, compute, older)[0]["real_success"] == 0.5
+    assert computed == [1] and json.loads(older.read_text())["key"] == {"budget": 100}
