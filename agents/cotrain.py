@@ -14,9 +14,10 @@ setup do, with RLVR in it:
       transition records); with `real_updates` the agent learns from these steps too, as Dyna's direct RL does (PPO
       collects them as a rollout of its own policy and updates on it; DQN learns from them at the start of (c));
   (b) refit: the world model is fine-tuned by MLE on every agent episode so far (mixed with `replay`, its original
-      training data, when given), then by GRPO with the domain's verifiable reward (video: -(L1 + LPIPS); text:
-      exact match of the next state) on prompts from this round's episodes, weighted toward the steps where the
-      simulator was most wrong about the real next frame, state or success (`grpo_steps` 0 is the MLE-only ablation);
+      training data, when given; text: the winning steps repeated to at least `win_share` of them), then by GRPO
+      with the domain's verifiable reward (video: -(L1 + LPIPS); text: exact match of the next state) on prompts from
+      this round's episodes, weighted toward the steps where the simulator was most wrong about the real next frame,
+      state or success (`surprise_on`; `grpo_steps` 0 is the MLE-only ablation);
       the tabletop simulator then resets from its own real start states and those the agent has seen, and sets its
       success threshold afresh on replays of real episodes (the text simulator's start states are already the real
       games the agent plays);

@@ -143,7 +143,8 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     else:
         # Where the loop runs, whether it learns from its real steps and how its refits weight their data do not change
         # the other arms.
-        key = {**{k: v for k, v in asdict(config).items() if k not in ("out", "real_updates", "win_share", "surprise_on")},
+        loop_only = ("out", "real_updates", "win_share", "surprise_on")
+        key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
                "world": world_fingerprint(config)}
     return {**key, **extra}
 
@@ -212,7 +213,7 @@ def main() -> None:
     parser.add_argument("--win-share", type=float, default=0.0,
                         help="text: the least share of winning transitions in each refit (`CoTrainConfig.win_share`)")
     parser.add_argument("--surprise-on", choices=("state", "outcome"), default="state",
-                        help="text: what makes a step surprising for the refits' GRPO prompts (`CoTrainConfig.surprise_on`)")
+                        help="text: what makes a step surprising for GRPO's prompts (`CoTrainConfig.surprise_on`)")
     parser.add_argument("--text-replay", default="", help="ByteSized32-format transitions mixed into every text refit")
     parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS,
                         help="arms to run and report; the real-env arms take the loop's real steps as their budget")
