@@ -211,7 +211,7 @@ def main() -> None:
     parser.add_argument("--real-updates", action="store_true",
                         help="the loop's agent also learns from its real data steps (Dyna; `CoTrainConfig.real_updates`)")
     parser.add_argument("--win-share", type=float, default=0.0,
-                        help="text: the least share of winning transitions in each refit (`CoTrainConfig.win_share`)")
+                        help="text: least share of winning transitions in each refit (`CoTrainConfig.win_share`)")
     parser.add_argument("--surprise-on", choices=("state", "outcome"), default="state",
                         help="text: what makes a step surprising for GRPO's prompts (`CoTrainConfig.surprise_on`)")
     parser.add_argument("--text-replay", default="", help="ByteSized32-format transitions mixed into every text refit")
