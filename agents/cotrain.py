@@ -493,6 +493,7 @@ def learn_from_real(agent: DQN, path: Path) -> int:
 def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
     from rlvr_gym.data.bytesized32 import load_transitions
     from rlvr_gym.data.textgame import TEXTWORLD_FILE, write_transitions
+    from rlvr_gym.domains.textgame import wins
     from rlvr_gym.train.textgame import (
         TextGameRLVRConfig,
         TextGameSFTConfig,
@@ -505,7 +506,8 @@ def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) ->
     for r in range(state.round + 1):
         with gzip.open(run_dir / f"round_{r:02d}" / "real" / TEXTWORLD_FILE, "rt", encoding="utf-8") as f:
             seen += [json.loads(line) for line in f]
-    seen = weight_toward(seen, [wins(record) for record in seen], config.win_share)
+    won = [wins(r["current_score_state"], r["next_score_state"]) for r in seen]
+    seen = weight_toward(seen, won, config.win_share)
     seen_file = write_transitions(seen, out / "seen")
     if config.replay:
         # The agent's transitions at least as many as the replay's, so that the refit learns the games it plays.
@@ -533,11 +535,6 @@ def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) ->
                         seed=config.seed),
     )
     return str(with_start_states(run_textgame_rlvr(recipe), state.world))
-
-
-def wins(record: dict) -> bool:
-    """Whether a ByteSized32-format transition record is the step that wins its game."""
-    return bool(record["next_score_state"]["gameWon"]) and not record["current_score_state"]["gameWon"]
 
 
 def with_start_states(model_dir: Path, world: str) -> Path:

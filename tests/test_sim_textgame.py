@@ -416,16 +416,20 @@ def test_cotraining_in_the_text_game_refits_on_the_agents_real_transitions(no_ch
 
 def test_the_text_refit_repeats_the_steps_that_win_up_to_win_share():
     from agents import cotrain
+    from rlvr_gym.domains.textgame import wins
     from rlvr_gym.train.textgame import weight_toward
 
     def record(won_before: bool, won_after: bool) -> dict:
         return {"current_score_state": {"score": 0, "gameOver": won_before, "gameWon": won_before},
                 "next_score_state": {"score": 1, "gameOver": won_after, "gameWon": won_after}}
 
+    def record_wins(r: dict) -> bool:  # as the refit reads a record
+        return wins(r["current_score_state"], r["next_score_state"])
+
     records = [record(False, True)] + [record(False, False)] * 18 + [record(True, True)]  # the last: won already
-    assert [cotrain.wins(r) for r in records] == [True] + [False] * 19
-    mix = weight_toward(records, [cotrain.wins(r) for r in records], 0.2)
-    assert sum(map(cotrain.wins, mix)) / len(mix) >= 0.2 and sum(map(cotrain.wins, mix)) == 5
+    assert [record_wins(r) for r in records] == [True] + [False] * 19
+    mix = weight_toward(records, [record_wins(r) for r in records], 0.2)
+    assert sum(map(record_wins, mix)) / len(mix) >= 0.2 and sum(map(record_wins, mix)) == 5
     with pytest.raises(ValueError, match="win-share"):
         cotrain.run_cotrain(cotrain.CoTrainConfig(env=cotrain.TEXT_ENV, algo="dqn", win_share=1.0))
 

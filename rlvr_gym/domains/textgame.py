@@ -103,7 +103,7 @@ def is_changed(current: State, next: State) -> bool:
     nxt = {o["uuid"]: o for o in next["objects"]}
     if cur.keys() != nxt.keys():
         return True
-    if any(_canon(current[f]) != _canon(next[f]) for f in SCORE_FIELDS):
+    if not _same_outcome(current, next):
         return True
     return any(
         _canon(cur[u]["properties"]) != _canon(nxt[u]["properties"])
@@ -183,7 +183,11 @@ def rebuild(current: State, diff: dict[str, Any]) -> State:
 
 def states_match(pred: State, gold: State) -> bool:
     """Same object set, and every object's properties and contents, score, gameOver and gameWon equal."""
-    return _pair_values(pred) == _pair_values(gold) and all(_canon(pred[f]) == _canon(gold[f]) for f in SCORE_FIELDS)
+    return _pair_values(pred) == _pair_values(gold) and _same_outcome(pred, gold)
+
+
+def _same_outcome(a: State, b: State) -> bool:
+    return all(_canon(a[f]) == _canon(b[f]) for f in SCORE_FIELDS)
 
 
 def outcome_matches(completion: str, current: State, next: State) -> bool:
@@ -191,8 +195,7 @@ def outcome_matches(completion: str, current: State, next: State) -> bool:
     diff, error = parse_diff(completion, current)
     if error is not None:
         return False
-    predicted = rebuild(current, diff)
-    return all(_canon(predicted[f]) == _canon(next[f]) for f in SCORE_FIELDS)
+    return _same_outcome(rebuild(current, diff), next)
 
 
 def binary_reward(completions: list[str], current: list[State], next: list[State], **_: Any) -> list[dict[str, Any]]:
@@ -235,12 +238,12 @@ def accuracy_table(preds: Sequence[str], transitions: Sequence[Transition]) -> d
         failures += error is not None
         predicted = rebuild(t.current, diff) if error is None else None
         correct[is_changed(t.current, t.next)].append(predicted is not None and states_match(predicted, t.next))
-        wins = _wins(t.current, t.next)
-        predicts_win = predicted is not None and _wins(t.current, predicted)
-        if wins:
+        won = wins(t.current, t.next)
+        predicts_win = predicted is not None and wins(t.current, predicted)
+        if won:
             predicted_win_when_won.append(predicts_win)
         if predicts_win:
-            won_when_predicted.append(wins)
+            won_when_predicted.append(won)
     n = len(transitions)
     return {
         "accuracy": (sum(correct[True]) + sum(correct[False])) / n,
@@ -255,7 +258,8 @@ def accuracy_table(preds: Sequence[str], transitions: Sequence[Transition]) -> d
     }
 
 
-def _wins(current: State, next: State) -> bool:
+def wins(current: State, next: State) -> bool:
+    """Whether the step from `current` to `next` wins the game (only the gameWon fields are read)."""
     return bool(next["gameWon"]) and not current["gameWon"]
 
 
