@@ -7,9 +7,10 @@
 
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
 `--shaping W` under TASK+shapingW/, a loop with `--real-updates` under TASK+real-updates/, text refits with
-`--win-share F` under text+winF/, with `--surprise-on outcome` under text+surprise-outcome/) and reused by a rerun
-with the same settings, so seeds can run in parallel processes (`--seeds 0`, `--seeds 1`) and a last run with all
-seeds writes the report.
+`--win-share F` under text+winF/, with `--surprise-on outcome` under text+surprise-outcome/, with `--text-replay`
+under text+replay/; each loop in a directory of its own settings, loop-SEED-DIGEST) and reused by a rerun with the
+same settings, so seeds can run in parallel processes (`--seeds 0`, `--seeds 1`) and a last run with all seeds writes
+the report.
 
 "Tasks" are tabletop tasks (PPO in RLVRWorld-RT1-v0) and `text` (DQN in RLVRWorld-TextGame-v0 on its 32 games).
 Arms, each from the same seeds, each point its real success against the real env steps it has taken so far (data
@@ -183,7 +184,29 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = f"{label}+real-updates" if args.real_updates else label
     label = f"{label}+win{args.win_share:g}" if args.win_share and env == TEXT_ENV else label
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
+    label = f"{label}+replay" if args.text_replay and env == TEXT_ENV else label
     return label if checkpoint == DEFAULT_CHECKPOINTS[env] else f"{label}+{path_label(checkpoint)}"
+
+
+def loop_dir(directory: Path, arm: str, config: CoTrainConfig) -> Path:
+    """A loop arm's run directory, one per settings (all but its seed, its rounds, which may grow, and the directory
+    itself), so that loops with other sizes or refit settings neither resume nor block each other: ARM-SEED-DIGEST,
+    or ARM-SEED where an earlier version of this script ran the same settings."""
+    settings = {k: v for k, v in asdict(config).items() if k not in ("out", "rounds", "seed")}
+    older = directory / f"{arm}-{config.seed}"
+    if (older / "config.json").is_file():
+        recorded = {**asdict(CoTrainConfig()), **json.loads((older / "config.json").read_text())}
+        if all(recorded[k] == v for k, v in settings.items()):
+            return older
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+    return directory / f"{arm}-{config.seed}-{digest}"
+
+
+def mean_curve(curves: list[list[dict]]) -> list[dict]:
+    """The seeds' curves averaged point by point (round by round), as far as every seed goes."""
+    return [{"real_steps_total": round(np.mean([c[i]["real_steps_total"] for c in curves])),
+             "real_success": float(np.mean([c[i]["real_success"] for c in curves]))}
+            for i in range(min(len(c) for c in curves))]
 
 
 def first_reaching(points: list[dict], target: float) -> int | None:
@@ -232,10 +255,13 @@ def main() -> None:
                                         "real_updates": args.real_updates}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps
             label = arm_label(task, args)
-            base = CoTrainConfig(out=str(OUT / "sim_to_real" / label / f"loop-{seed}"), rounds=args.rounds,
-                                 real_steps=args.real_steps, sim_steps=sim_steps, eval_episodes=args.eval_episodes,
-                                 mle_steps=args.mle_steps, grpo_steps=args.grpo_steps, seed=seed, **domain)
-            arms = {"loop": base, "loop-mle": replace(base, out=base.out.replace("loop-", "loop-mle-"), grpo_steps=0)}
+            base = CoTrainConfig(rounds=args.rounds, real_steps=args.real_steps, sim_steps=sim_steps,
+                                 eval_episodes=args.eval_episodes, mle_steps=args.mle_steps, grpo_steps=args.grpo_steps,
+                                 seed=seed, **domain)
+            base = replace(base, out=str(loop_dir(OUT / "sim_to_real" / label, "loop", base)))
+            mle_only = replace(base, grpo_steps=0)
+            arms = {"loop": base,
+                    "loop-mle": replace(mle_only, out=str(loop_dir(OUT / "sim_to_real" / label, "loop-mle", mle_only)))}
             curves = {}
             for name, config in arms.items():
                 if name not in args.arms:
@@ -277,7 +303,9 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
             if "real-1x" in arms:
                 target = interval([c["real-1x"][-1]["real_success"] for c in by_seed.values()])[0]
                 reached = [first_reaching(curves[arm], target) for curves in by_seed.values()]
-                row["steps to real-1x's final"] = "never" if None in reached or target == 0 else int(np.mean(reached))
+                row["seeds reaching real-1x's final"] = f"{len(reached) - reached.count(None)} of {len(reached)}"
+                at = first_reaching(mean_curve([curves[arm] for curves in by_seed.values()]), target)
+                row["steps to real-1x's final (mean curve)"] = "never" if at is None or target == 0 else at
             rows.append(row)
             for seed, curves in by_seed.items():
                 xs = [p["real_steps_total"] for p in curves[arm]]
@@ -298,6 +326,11 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
             real1, real1_half = final["real-1x"]
             parts.append(f"against {real1:.2f} ± {real1_half:.2f} for the agent in the real env with the same real "
                          f"steps ({'ahead' if loop - loop_half > real1 + real1_half else 'not ahead'})")
+            real_steps = np.mean([c["real-1x"][-1]["real_steps_total"] for c in by_seed.values()])
+            at = first_reaching(mean_curve([c["loop"] for c in by_seed.values()]), real1)
+            parts.append("its mean curve never reaches that" if at is None or real1 == 0 else
+                         f"its mean curve reaches it at {at} real steps, {real_steps / at:.1f}x fewer than the real "
+                         f"env's {real_steps:.0f} (target >= 3x)")
         if "loop-mle" in final:
             mle, mle_half = final["loop-mle"]
             parts.append(f"RLVR refits end at {loop:.2f} against {mle:.2f} ± {mle_half:.2f} for MLE-only refits "

@@ -2,10 +2,10 @@
 
 import argparse
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from agents.cotrain import TEXT_ENV, CoTrainConfig
-from bench.sim_to_real import arm_key, arm_label, cached
+from bench.sim_to_real import arm_key, arm_label, cached, loop_dir
 
 
 def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_too(tmp_path):
@@ -38,7 +38,7 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
 
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
     args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, real_updates=False,
-                              win_share=0.0, surprise_on="state")
+                              win_share=0.0, surprise_on="state", text_replay="")
     assert arm_label("close_drawer", args) == "close_drawer"
     assert arm_label("text", args) == "text"
     assert arm_label("close_drawer", replace_args(args, shaping=0.2)) == "close_drawer+shaping0.2"
@@ -51,6 +51,8 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     text_refits = replace_args(args, real_updates=True, win_share=0.2, surprise_on="outcome")
     assert arm_label("text", text_refits) == "text+real-updates+win0.2+surprise-outcome"
     assert arm_label("close_drawer", text_refits) == "close_drawer+real-updates"  # the tabletop refits take neither
+    assert arm_label("text", replace_args(text_refits, text_replay="runs/textworld/train/transitions.jsonl.gz")) \
+        == "text+real-updates+win0.2+surprise-outcome+replay"
 
 
 def replace_args(args: argparse.Namespace, **changes) -> argparse.Namespace:
@@ -72,3 +74,45 @@ def test_a_cached_curve_is_read_for_its_own_settings_from_its_file_or_the_older_
     assert cached(tmp_path / "real-1x-0-200steps.json", {"budget": 200}, compute, older)[0]["real_success"] == 0.5
     assert cached(tmp_path / "real-1x-0-200steps.json", {"budget": 200}, compute, older)[0]["real_success"] == 0.5
     assert computed == [1] and json.loads(older.read_text())["key"] == {"budget": 100}
+
+
+def test_a_loop_with_other_settings_runs_in_its_own_directory_and_an_older_run_of_the_same_is_resumed(tmp_path):
+    config = CoTrainConfig(env=TEXT_ENV, algo="dqn", sim_steps=1024, seed=1)
+    first = loop_dir(tmp_path, "loop", config)
+    assert first.name.startswith("loop-1-")
+    assert loop_dir(tmp_path, "loop", replace(config, rounds=5, out="elsewhere")) == first  # rounds may grow
+    for other in (replace(config, sim_steps=4096), replace(config, replay="runs/textworld/train"),
+                  replace(config, grpo_steps=0), replace(config, mle_steps=200)):
+        assert loop_dir(tmp_path, "loop", other) != first
+    assert loop_dir(tmp_path, "loop", replace(config, seed=2)).name.startswith("loop-2-")
+    # A run an earlier version kept at loop-SEED is resumed when its recorded settings (old ones missing from its
+    # config.json counting as their defaults) are these, and left alone otherwise.
+    older = tmp_path / "loop-1"
+    older.mkdir()
+    recorded = {k: v for k, v in asdict(config).items() if k != "win_share"}
+    (older / "config.json").write_text(json.dumps({**recorded, "out": str(older), "rounds": 3}))
+    assert loop_dir(tmp_path, "loop", config) == older
+    assert loop_dir(tmp_path, "loop", replace(config, sim_steps=4096)) != older
+
+
+def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, monkeypatch):
+    import bench.sim_to_real as bench
+
+    def curve(*points):
+        return [{"real_steps_total": steps, "real_success": success, "learned_success": success}
+                for steps, success in points]
+
+    # Seed 1 alone never reaches the real env's final 0.5; the mean of both does after their first round.
+    runs = {"text": {0: {"loop": curve((400, 0.8), (900, 0.8)), "real-1x": curve((500, 0.0), (1500, 0.6))},
+                     1: {"loop": curve((500, 0.3), (1000, 0.4)), "real-1x": curve((500, 0.0), (1500, 0.4))}}}
+    assert bench.mean_curve([runs["text"][0]["loop"], runs["text"][1]["loop"][:1]]) == \
+        [{"real_steps_total": 450, "real_success": 0.55}]
+    monkeypatch.setattr(bench, "OUT", tmp_path)
+    args = argparse.Namespace(arms=["loop", "real-1x"], seeds=[0, 1], checkpoint="rt1-rlvr",
+                              text_checkpoint="textgame-rlvr", rounds=2, real_steps=200, mle_steps=40, grpo_steps=5,
+                              sim_steps=4096, text_sim_steps=1024, eval_episodes=16)
+    bench.write_report(args, runs)
+    report = (tmp_path / "sim_to_real.md").read_text()
+    assert "| text | loop | 0.60 ± 2.54 | 950 | +0.00 | 1 of 2 | 450 |" in report
+    assert "reaches it at 450 real steps, 3.3x fewer than the real env's 1500" in report
+    assert (tmp_path / "sim_to_real.png").stat().st_size > 0
