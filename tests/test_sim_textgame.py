@@ -243,6 +243,39 @@ def test_no_change_model_steps_candidates_until_max_steps(no_change_checkpoint):
         assert info["state"] == start and info["candidates"] == candidate_commands(start)
 
 
+def test_uncertainty_is_the_least_likely_token_and_the_guard_halts_or_charges_for_it(no_change_checkpoint):
+    env = TextGameWorldEnv(no_change_checkpoint)
+    _, info = env.reset(seed=0)
+    command = info["candidates"][0]
+    _, reward, terminated, truncated, info = env.step(command)
+    # The same number from the model's own forward pass over prompt and completion ("{}" and eos).
+    sim = env.sim
+    prompt = [sim.tokenizer.bos_token_id] + sim.tokenizer(
+        format_prompt(env.rollout.start.state, command, env.rollout.start.objective), add_special_tokens=False)["input_ids"]
+    completion = sim.tokenizer("{}", add_special_tokens=False)["input_ids"] + [sim.tokenizer.eos_token_id]
+    with torch.no_grad():
+        logits = sim.model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+    surprisal = -logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+    assert info["uncertainty"] == pytest.approx(float(surprisal.max()), abs=1e-4) and info["uncertainty"] > 0
+    assert not info["halted"] and reward == 0.0 and not terminated and not truncated
+    u = info["uncertainty"]
+    for halt, halted in ((u / 2, True), (2 * u + 1, False)):
+        guarded = TextGameWorldEnv(no_change_checkpoint, halt_uncertainty=halt)
+        _, info = guarded.reset(seed=0)
+        _, reward, terminated, truncated, info = guarded.step(command)
+        assert info["halted"] == halted and truncated == halted and not terminated and not info["is_success"]
+    charged = TextGameWorldEnv(no_change_checkpoint, uncertainty_penalty=0.5)
+    charged.reset(seed=0)
+    assert charged.step(command)[1] == pytest.approx(-0.5 * u)
+    vector = TextGameDiscreteVectorEnv(2, no_change_checkpoint, halt_uncertainty=u / 2)
+    vector.reset(seed=[0, 0])
+    *_, terminated, truncated, infos = vector.step(np.zeros(2, dtype=np.int64))
+    assert infos["halted"].all() and truncated.all() and not terminated.any() and infos["uncertainty"].min() > 0
+    for bad in (dict(uncertainty_penalty=-1.0), dict(halt_uncertainty=0.0)):
+        with pytest.raises(ValueError, match="uncertainty"):
+            TextGameWorldEnv(no_change_checkpoint, **bad)
+
+
 def test_unparsable_output_truncates_with_the_error_and_keeps_the_state(garbage_checkpoint):
     env = TextGameWorldEnv(garbage_checkpoint, max_steps=30, max_new_tokens=16)
     obs, info = env.reset(seed=0)

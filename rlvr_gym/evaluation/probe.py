@@ -180,6 +180,8 @@ def _default_game_dir() -> str:
 class TextProbeConfig(ProbeConfig):
     game_dir: str = field(default_factory=_default_game_dir)
     """Where the real games are regenerated (a cache)."""
+    halt_uncertainty: float | None = None
+    """The learned env's guard (`RLVRWorld-TextGame-v0`'s `halt_uncertainty`); None: off."""
 
 
 class RepeatFirst:
@@ -216,7 +218,7 @@ def probe_textgame(config: TextProbeConfig) -> dict:
     torch.set_num_threads(1)
     checkpoint = config.checkpoint or DEFAULT_CHECKPOINT
     max_steps = config.steps or DEFAULT_MAX_STEPS
-    sim = TextGameSimulator(checkpoint, 0.0)
+    sim = TextGameSimulator(checkpoint, 0.0, halt_uncertainty=config.halt_uncertainty)
     indices = [e % len(sim.starts) for e in range(config.starts)]
     names = list(text_probe_policies(0, 0))
     runs = [(name, e) for name in names for e in range(config.starts)]

@@ -63,6 +63,8 @@ class TextGamePolicyEvalConfig:
     """Completion length limit of the world model."""
     batch_size: int = 16
     """Learned-env episodes stepped together in one batched generation."""
+    halt_uncertainty: float | None = None
+    """The learned env's guard (`RLVRWorld-TextGame-v0`'s `halt_uncertainty`); None: off."""
     game_dir: str = field(default_factory=_default_game_dir)
     """Where the real games are regenerated (a cache)."""
     threads: int = 1
@@ -100,7 +102,8 @@ def run_textgame_policy_eval(config: TextGamePolicyEvalConfig) -> dict:
         raise ValueError(f"episodes and max_steps must be at least 1, got {config.episodes} and {config.max_steps}")
     torch.set_num_threads(config.threads)
     started = time.perf_counter()
-    sim = TextGameSimulator(config.checkpoint, config.temperature, config.max_new_tokens, config.batch_size)
+    sim = TextGameSimulator(config.checkpoint, config.temperature, config.max_new_tokens, config.batch_size,
+                            halt_uncertainty=config.halt_uncertainty)
     order = np.random.default_rng(config.seed).permutation(len(sim.starts))
     indices = [int(order[e % len(order)]) for e in range(config.episodes)]
     runs = [(k, e) for k in range(len(levels)) for e in range(config.episodes)]
@@ -119,6 +122,7 @@ def run_textgame_policy_eval(config: TextGamePolicyEvalConfig) -> dict:
     real_success, sim_success = per_policy(real_won), per_policy(sim_won)
     result = {
         "checkpoint": str(config.checkpoint),
+        "halt_uncertainty": config.halt_uncertainty,
         "episodes": config.episodes,
         "policies": [policy_name(p) for p in levels],
         "noise_levels": levels,
@@ -176,9 +180,9 @@ def play_learned(
             sim.advance([rollouts[i] for i in running], commands, seed=seed * 1_000 + step)
             for i in running:
                 returns[i] += rollouts[i].reward
-            running = [i for i in running if rollouts[i].error is None and not rollouts[i].terminated]
+            running = [i for i in running if not rollouts[i].ended]
             bar.update()
             if not running:
                 break
-    won = [float(bool(r.state["gameWon"])) for r in rollouts]
+    won = [float(r.won) for r in rollouts]
     return won, returns, [float(r.error is not None) for r in rollouts]

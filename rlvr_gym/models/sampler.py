@@ -17,6 +17,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -200,19 +201,42 @@ def sample_texts(
     seed: int = 0,
 ) -> list[list[str]]:
     """`num_samples` decoded completions per prompt (greedy at temperature 0, stopping at eos), in the prompts' order."""
+    return [[text for text, _ in row] for row in _sample(model, tokenizer, prompts, batch_size, max_new_tokens,
+                                                         num_samples, temperature, seed, track_logprobs=False)]
+
+
+def sample_scored_texts(
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    batch_size: int = 16,
+    max_new_tokens: int = 512,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[tuple[str, np.ndarray]]:
+    """One completion per prompt, as `sample_texts` draws it, with the log-probability (temperature 1) of each token
+    the model took: how sure it was of what it wrote."""
+    return [row[0] for row in _sample(model, tokenizer, prompts, batch_size, max_new_tokens, 1, temperature, seed,
+                                      track_logprobs=True)]
+
+
+def _sample(model, tokenizer, prompts, batch_size, max_new_tokens, num_samples, temperature, seed, track_logprobs):
     # Prompts of similar length share a batch: less padding in the prefill.
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     config = SamplingConfig(max_new_tokens, temperature, stop_token_ids=(tokenizer.eos_token_id,))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
-    out: list[list[str]] = [[] for _ in prompts]
+    out: list[list[tuple[str, np.ndarray | None]]] = [[] for _ in prompts]
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         rollout = sample(model, [prompts[i] for i in rows], config, num_samples=num_samples, pad_token_id=pad_id,
-                         generator=torch.Generator(device).manual_seed(seed * 1_000_003 + start))
+                         generator=torch.Generator(device).manual_seed(seed * 1_000_003 + start),
+                         track_logprobs=track_logprobs)
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in rollout.completions()]
+        logprobs = [rollout.token_logprobs[k][rollout.completion_mask[k]].cpu().numpy() if track_logprobs else None
+                    for k in range(len(texts))]
         for j, i in enumerate(rows):
-            out[i] = texts[j * num_samples : (j + 1) * num_samples]
+            out[i] = list(zip(texts, logprobs))[j * num_samples : (j + 1) * num_samples]
     return out
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
 from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild, states_match
 from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
-from rlvr_gym.models.sampler import sample_texts
+from rlvr_gym.models.sampler import sample_scored_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
 from rlvr_gym.sim.vector import reset_arguments
 
@@ -387,14 +387,33 @@ class Rollout:
     """The model's raw output for the last step."""
     error: str | None = None
     """Why the last output could not be used (parse error, context overflow), or None."""
+    uncertainty: float = 0.0
+    """Surprisal (nats) of the least likely token the model wrote for the last step: how much of it was a guess."""
+    halted: bool = False
+    """The last step's uncertainty exceeded the simulator's `halt_uncertainty`: the episode ends there, unpaid."""
 
     @property
     def terminated(self) -> bool:
-        return bool(self.state["gameOver"] or self.state["gameWon"])
+        """The predicted game ended (lost or won) on a usable, unhalted step."""
+        return self.error is None and not self.halted and bool(self.state["gameOver"] or self.state["gameWon"])
+
+    @property
+    def won(self) -> bool:
+        return self.terminated and bool(self.state["gameWon"])
+
+    @property
+    def ended(self) -> bool:
+        """No further step: the game ended, the output was unusable, or the guard halted it."""
+        return self.terminated or self.error is not None or self.halted
 
 
 class TextGameSimulator:
-    """A text world model and the start states shipped with it; `advance` steps any number of rollouts at once."""
+    """A text world model and the start states shipped with it; `advance` steps any number of rollouts at once.
+
+    The guard against an agent that drives the model where it guesses (both off by default): `uncertainty_penalty`
+    (MOPO) takes that many points per nat of a step's `Rollout.uncertainty` off its reward; `halt_uncertainty`
+    (MOReL) ends a rollout, unpaid and not won, at a step more uncertain than that.
+    """
 
     def __init__(
         self,
@@ -402,10 +421,17 @@ class TextGameSimulator:
         temperature: float = 0.0,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         batch_size: int = 16,
+        uncertainty_penalty: float = 0.0,
+        halt_uncertainty: float | None = None,
     ):
         if temperature < 0 or max_new_tokens < 1 or batch_size < 1:
             raise ValueError(f"need temperature >= 0 (0 = greedy), max_new_tokens >= 1 and batch_size >= 1, got "
                              f"{temperature}, {max_new_tokens}, {batch_size}")
+        if uncertainty_penalty < 0 or (halt_uncertainty is not None and halt_uncertainty <= 0):
+            raise ValueError(f"uncertainty_penalty must be >= 0 and halt_uncertainty > 0 (or None); got "
+                             f"{uncertainty_penalty} and {halt_uncertainty}")
+        self.uncertainty_penalty = uncertainty_penalty
+        self.halt_uncertainty = halt_uncertainty
         self.starts = load_start_states(checkpoint)
         self.model, tokenizer = load_model(checkpoint)
         self.tokenizer = checked_tokenizer(tokenizer, checkpoint)
@@ -425,28 +451,33 @@ class TextGameSimulator:
         """Predict every rollout's next state under its command in batched generation (sampling seeded by `seed`).
 
         A completion that does not parse, or a state too long for the model's context, leaves the state as it was
-        and sets the rollout's `error`.
+        and sets the rollout's `error`. A step more uncertain than `halt_uncertainty` takes the predicted state and
+        sets `halted`: the rollout has ended, and the step pays nothing.
         """
         bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
         texts = [format_prompt(r.state, c, r.start.objective) for r, c in zip(rollouts, commands)]
         prompts = [bos + ids for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         fits = [len(p) + self.max_new_tokens <= self.context for p in prompts]
-        outputs = iter(sample_texts(self.model, self.tokenizer, [p for p, ok in zip(prompts, fits) if ok],
-                                    self.batch_size, self.max_new_tokens, temperature=self.temperature, seed=seed)
+        outputs = iter(sample_scored_texts(self.model, self.tokenizer, [p for p, ok in zip(prompts, fits) if ok],
+                                           self.batch_size, self.max_new_tokens, temperature=self.temperature,
+                                           seed=seed)
                        if any(fits) else [])
         for r, prompt, ok in zip(rollouts, prompts, fits):
             r.steps += 1
-            r.reward = 0.0
+            r.reward, r.uncertainty, r.halted = 0.0, 0.0, False
             if not ok:
                 r.completion = ""
                 r.error = (f"the state no longer fits the model's context: {len(prompt)} prompt tokens + "
                            f"{self.max_new_tokens} new > {self.context}")
                 continue
-            r.completion = next(outputs)[0]
+            r.completion, logprobs = next(outputs)
+            r.uncertainty = float(-logprobs.min()) if len(logprobs) else 0.0
+            r.halted = self.halt_uncertainty is not None and r.uncertainty > self.halt_uncertainty
             diff, r.error = parse_diff(r.completion, r.state)
             if diff is not None:
                 next_state = rebuild(r.state, diff)
-                r.reward = float(next_state["score"]) - float(r.state["score"])
+                gained = float(next_state["score"]) - float(r.state["score"])
+                r.reward = (0.0 if r.halted else gained) - self.uncertainty_penalty * r.uncertainty
                 r.state = next_state
 
 
@@ -471,7 +502,7 @@ class TextGameWorldEnv(gym.Env):
     state (`render_state`); other characters become '?', and a longer rendering is cut with '...'.
 
     ## Rewards
-    The predicted score minus the previous score.
+    The predicted score minus the previous score (less the uncertainty penalty, if set).
 
     ## Starting State
     The real initial state of a held-out TextWorld game from the checkpoint's `textworld_start_states.json`, drawn
@@ -480,10 +511,11 @@ class TextGameWorldEnv(gym.Env):
     ## Episode End
     Terminated when the predicted state has gameOver or gameWon. Truncated after `max_steps` steps, and at once
     when the model's output cannot be parsed or the state outgrows the model's context (then `info["error"]` says
-    why and the state stays as it was); model output never raises.
+    why and the state stays as it was), or when the guard halts it; model output never raises.
     `info`: `state` (the predicted state), `candidates` (commands built from it, `candidate_commands`), `error`,
     `completion` (the raw output), `step`, `start_index`, `game_seed` (regenerates the real game), `objective`,
-    `is_success` (predicted gameWon).
+    `is_success` (predicted gameWon, not halted), `uncertainty` (the surprisal, in nats, of the least likely token
+    the model wrote for the step) and `halted`.
 
     ## Arguments
     - `checkpoint`: a shipped name or a Hugging Face directory with its tokenizer and start states (default "textgame-rlvr").
@@ -492,6 +524,9 @@ class TextGameWorldEnv(gym.Env):
       reset seed gives the same rollout.
     - `max_new_tokens`: completion length limit; a longer diff is cut and fails to parse.
     - `render_mode`: None or "ansi"; `render()` returns the observation text.
+    - `uncertainty_penalty` (MOPO, default 0: off): the reward less this times `info["uncertainty"]`.
+    - `halt_uncertainty` (MOReL, default None: off): a step whose `info["uncertainty"]` exceeds it ends the episode,
+      truncated, unpaid and not won, with `info["halted"]` True: the agent has driven the model where it guesses.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -503,12 +538,15 @@ class TextGameWorldEnv(gym.Env):
         temperature: float = 0.0,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         render_mode: str | None = None,
+        uncertainty_penalty: float = 0.0,
+        halt_uncertainty: float | None = None,
     ):
         if max_steps < 1:
             raise ValueError(f"max_steps must be a positive number of steps, got {max_steps}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
-        self.sim = TextGameSimulator(checkpoint, temperature, max_new_tokens, batch_size=1)
+        self.sim = TextGameSimulator(checkpoint, temperature, max_new_tokens, batch_size=1,
+                                     uncertainty_penalty=uncertainty_penalty, halt_uncertainty=halt_uncertainty)
         self.max_steps = max_steps
         self.render_mode = render_mode
         self.observation_space = gym.spaces.Text(MAX_OBSERVATION_CHARS, min_length=0, charset=CHARSET)
@@ -527,9 +565,8 @@ class TextGameWorldEnv(gym.Env):
             raise ValueError(f"the action is a command string such as 'go east', got {type(command).__name__} {command!r}")
         r = self._rollout
         self.sim.advance([r], [command], seed=r.sample_seed + r.steps)
-        terminated = r.error is None and r.terminated
-        truncated = not terminated and (r.error is not None or r.steps >= self.max_steps)
-        return self._observation(), r.reward, terminated, truncated, self._info()
+        truncated = not r.terminated and (r.ended or r.steps >= self.max_steps)
+        return self._observation(), r.reward, r.terminated, truncated, self._info()
 
     def render(self) -> str | None:
         if self.render_mode is None:
@@ -556,7 +593,9 @@ class TextGameWorldEnv(gym.Env):
             "start_index": r.index,
             "game_seed": r.start.seed,
             "objective": r.start.objective,
-            "is_success": bool(r.state["gameWon"]),
+            "is_success": r.won,
+            "uncertainty": r.uncertainty,
+            "halted": r.halted,
         }
 
 
@@ -627,7 +666,8 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
     either to SB3.
 
     `info` (gymnasium's dict of arrays with `_key` masks): `is_success`, `start_index`, `step`, `error` (None or why
-    the output was unusable), `candidates`.
+    the output was unusable), `candidates`, `uncertainty`, `halted`. `uncertainty_penalty` and `halt_uncertainty`:
+    TextGameWorldEnv's guard.
     """
 
     metadata = {"render_modes": [], "autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
@@ -642,6 +682,8 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
         max_candidates: int = DEFAULT_MAX_CANDIDATES,
         obs_dim: int = DEFAULT_OBS_DIM,
         autoreset_mode: str | gym.vector.AutoresetMode = gym.vector.AutoresetMode.NEXT_STEP,
+        uncertainty_penalty: float = 0.0,
+        halt_uncertainty: float | None = None,
     ):
         if num_envs < 1 or max_steps < 1:
             raise ValueError(f"num_envs and max_steps must be >= 1, got {num_envs} and {max_steps}")
@@ -649,7 +691,8 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
         if self.autoreset_mode == gym.vector.AutoresetMode.SAME_STEP:
             raise ValueError("autoreset_mode must be NEXT_STEP or DISABLED")
         self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
-        self.sim = TextGameSimulator(checkpoint, temperature, max_new_tokens, batch_size=num_envs)
+        self.sim = TextGameSimulator(checkpoint, temperature, max_new_tokens, batch_size=num_envs,
+                                     uncertainty_penalty=uncertainty_penalty, halt_uncertainty=halt_uncertainty)
         self.num_envs = num_envs
         self.max_steps = max_steps
         self.max_candidates = max_candidates
@@ -701,8 +744,8 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
                 self._sent[i].add(command)
                 self._candidates[i] = candidate_commands(r.state)
                 rewards[i] = r.reward
-                terminated[i] = r.error is None and r.terminated
-                truncated[i] = not terminated[i] and (r.error is not None or r.steps >= self.max_steps)
+                terminated[i] = r.terminated
+                truncated[i] = not r.terminated and (r.ended or r.steps >= self.max_steps)
         self._needs_reset = terminated | truncated
         return self._observations(), rewards, terminated, truncated, self._infos(np.ones(self.num_envs, dtype=bool))
 
@@ -726,7 +769,9 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
         candidates = np.empty(self.num_envs, dtype=object)
         candidates[:] = [list(c) for c in self._candidates]
         infos: dict[str, Any] = {
-            "is_success": np.array([bool(r.state["gameWon"]) if r else False for r in self._rollouts]),
+            "is_success": np.array([r.won if r else False for r in self._rollouts]),
+            "uncertainty": np.array([r.uncertainty if r else 0.0 for r in self._rollouts]),
+            "halted": np.array([r.halted if r else False for r in self._rollouts]),
             "start_index": np.array([r.index if r else -1 for r in self._rollouts]),
             "step": np.array([r.steps if r else 0 for r in self._rollouts]),
             "error": np.array([r.error if r else None for r in self._rollouts], dtype=object),
