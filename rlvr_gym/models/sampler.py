@@ -235,8 +235,9 @@ def _sample(model, tokenizer, prompts, batch_size, max_new_tokens, num_samples, 
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in rollout.completions()]
         logprobs = [rollout.token_logprobs[k][rollout.completion_mask[k]].cpu().numpy() if track_logprobs else None
                     for k in range(len(texts))]
+        scored = list(zip(texts, logprobs))
         for j, i in enumerate(rows):
-            out[i] = list(zip(texts, logprobs))[j * num_samples : (j + 1) * num_samples]
+            out[i] = scored[j * num_samples : (j + 1) * num_samples]
     return out
 
 
