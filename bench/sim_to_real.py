@@ -209,6 +209,11 @@ def mean_curve(curves: list[list[dict]]) -> list[dict]:
             for i in range(min(len(c) for c in curves))]
 
 
+def success_at(points: list[dict], steps: int) -> float:
+    """A curve's real success at `steps` real steps, linear between its points (its first or last value outside)."""
+    return float(np.interp(steps, [p["real_steps_total"] for p in points], [p["real_success"] for p in points]))
+
+
 def first_reaching(points: list[dict], target: float) -> int | None:
     return next((p["real_steps_total"] for p in points if p["real_success"] >= target), None)
 
@@ -296,7 +301,7 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
             steps = [curves[arm][-1]["real_steps_total"] for curves in by_seed.values()]
             mean, half = interval(finals)
             row = {"task": task, "arm": arm, "final real success": f"{mean:.2f} ± {half:.2f}",
-                   "real steps": int(np.mean(steps))}
+                   "real steps": round(np.mean(steps))}
             if arm in ("loop", "loop-mle", "frozen"):
                 gaps = [curves[arm][-1]["learned_success"] - curves[arm][-1]["real_success"] for curves in by_seed.values()]
                 row["learned - real"] = f"{np.mean(gaps):+.2f}"
@@ -307,10 +312,13 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
                 at = first_reaching(mean_curve([curves[arm] for curves in by_seed.values()]), target)
                 row["steps to real-1x's final (mean curve)"] = "never" if at is None or target == 0 else at
             rows.append(row)
-            for seed, curves in by_seed.items():
+            for curves in by_seed.values():
                 xs = [p["real_steps_total"] for p in curves[arm]]
                 ys = [p["real_success"] for p in curves[arm]]
-                ax.plot(xs, ys, marker="o", color=f"C{k}", alpha=0.7, label=arm if seed == next(iter(by_seed)) else None)
+                ax.plot(xs, ys, marker=".", color=f"C{k}", alpha=0.35, linewidth=1)
+            mean = mean_curve([curves[arm] for curves in by_seed.values()])
+            ax.plot([p["real_steps_total"] for p in mean], [p["real_success"] for p in mean], marker="o", color=f"C{k}",
+                    linewidth=2.5, label=f"{arm} (mean of {len(by_seed)} seeds)")
         ax.set(title=task, xlabel="real env steps (data and scoring)", ylabel="real success", ylim=(-0.05, 1.05))
         ax.set_xscale("log")
         ax.legend(fontsize=8)
@@ -326,6 +334,11 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
             real1, real1_half = final["real-1x"]
             parts.append(f"against {real1:.2f} ± {real1_half:.2f} for the agent in the real env with the same real "
                          f"steps ({'ahead' if loop - loop_half > real1 + real1_half else 'not ahead'})")
+            level = interval([c["loop"][-1]["real_success"] - success_at(c["real-1x"], c["loop"][-1]["real_steps_total"])
+                              for c in by_seed.values()])
+            parts.append(f"at equal real steps (each seed's real-env curve read at the loop's final steps) the loop is "
+                         f"{level[0]:+.2f} ± {level[1]:.2f} ahead ({'beyond' if level[0] - level[1] > 0 else 'within'} "
+                         "the interval)")
             real_steps = np.mean([c["real-1x"][-1]["real_steps_total"] for c in by_seed.values()])
             at = first_reaching(mean_curve([c["loop"] for c in by_seed.values()]), real1)
             parts.append("its mean curve never reaches that" if at is None or real1 == 0 else
