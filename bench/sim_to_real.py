@@ -332,8 +332,9 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
         # "Ahead" or "beats" only when the intervals over seeds do not overlap.
         if "real-1x" in final:
             real1, real1_half = final["real-1x"]
-            parts.append(f"against {real1:.2f} ± {real1_half:.2f} for the agent in the real env with the same real "
-                         f"steps ({'ahead' if loop - loop_half > real1 + real1_half else 'not ahead'})")
+            parts.append(f"against {real1:.2f} ± {real1_half:.2f} for the agent in the real env given the loop's "
+                         "budget (its scoring may take it past; the real steps column) "
+                         f"({'ahead' if loop - loop_half > real1 + real1_half else 'not ahead'})")
             level = interval([c["loop"][-1]["real_success"] - success_at(c["real-1x"], c["loop"][-1]["real_steps_total"])
                               for c in by_seed.values()])
             parts.append(f"at equal real steps (each seed's real-env curve read at the loop's final steps) the loop is "
