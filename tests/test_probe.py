@@ -71,6 +71,14 @@ def test_textgame_probe_runs_real_games_and_the_learned_env(tmp_path):
     assert result["policies"][0]["real_success"] == 0.0  # "look" wins no real game
 
 
+def test_a_guarded_textgame_probe_pays_nothing_it_is_unsure_of_and_keeps_its_own_report(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = probe_textgame(TextProbeConfig(checkpoint="textgame-rlvr", starts=2, steps=2, halt_uncertainty=1e-6))
+    assert all(row["learned_success"] == 0.0 for row in result["policies"])  # every step is less sure than that
+    assert result["out"] == "runs/probe/textgame-textgame-rlvr-halt1e-06"
+    assert json.loads((tmp_path / result["out"] / "probe.json").read_text())["config"]["halt_uncertainty"] == 1e-6
+
+
 def test_web_probe_policies_click_the_last_button_and_submit():
     tree = "[1] RootWebArea 'page'\n\t[2] button 'Submit'\n\t[3] textbox ''\n\t[4] button 'Cancel'"
     assert last_button(tree) == "click [4]" and last_button(tree, "submit") == "click [2]"

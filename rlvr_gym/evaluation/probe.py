@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -230,6 +230,9 @@ def probe_textgame(config: TextProbeConfig) -> dict:
                                       [text_probe_policies(config.seed, e)[n] for n, e in runs], max_steps, config.seed)
     learned = {n: [bool(w) for (m, _), w in zip(runs, learned_won) if m == n] for n in names}
     real = {n: [bool(w) for (m, _), w in zip(runs, real_won) if m == n] for n in names}
+    if config.halt_uncertainty is not None and not config.out:  # a guarded probe keeps its own report
+        config = replace(config, out=str(Path("runs/probe") / f"textgame-{path_label(checkpoint)}-halt"
+                                                              f"{config.halt_uncertainty:g}"))
     return write_report(summarize("textgame", checkpoint, learned, real), config)
 
 
