@@ -26,6 +26,7 @@ from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
 from rlvr_gym.models.sampler import SamplingConfig
 from rlvr_gym.models.state_reader import READ_NAMES, success_probability
+from rlvr_gym.sim.guard import Guard
 from rlvr_gym.sim.vector import reset_arguments
 
 IMAGE_SHAPE = (64, 64, 3)
@@ -73,21 +74,6 @@ class _Rollout:
     @property
     def succeeded(self) -> bool:
         return self.held >= self.hold
-
-
-@dataclass
-class Guard:
-    """What the env does with the model's uncertainty about the frame it shows (`info["uncertainty"]`)."""
-
-    penalty: float = 0.0
-    """MOPO: reward minus penalty x uncertainty (0: off)."""
-    halt_above: float | None = None
-    """MOReL: end the episode, truncated and unpaid, once the uncertainty exceeds this (None: off)."""
-
-    def __post_init__(self):
-        if self.penalty < 0 or (self.halt_above is not None and self.halt_above <= 0):
-            raise ValueError(f"uncertainty_penalty must be >= 0 and halt_uncertainty > 0 (or None); got {self.penalty} "
-                             f"and {self.halt_above}")
 
 
 @dataclass
@@ -183,7 +169,7 @@ class _Simulator:
             rollout.steps += 1
 
     def halted(self, rollout: _Rollout) -> bool:
-        return self.guard.halt_above is not None and rollout.steps > 0 and rollout.uncertainty > self.guard.halt_above
+        return rollout.steps > 0 and self.guard.halts(rollout.uncertainty)
 
     def outcome(self, rollout: _Rollout, horizon: int) -> tuple[float, bool, bool]:
         """(reward, terminated, truncated) of a rollout's last step: paid on predicted success (held for `hold`

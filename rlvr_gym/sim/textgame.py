@@ -34,6 +34,7 @@ from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild,
 from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_scored_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
+from rlvr_gym.sim.guard import Guard
 from rlvr_gym.sim.vector import reset_arguments
 
 if TYPE_CHECKING:
@@ -427,11 +428,7 @@ class TextGameSimulator:
         if temperature < 0 or max_new_tokens < 1 or batch_size < 1:
             raise ValueError(f"need temperature >= 0 (0 = greedy), max_new_tokens >= 1 and batch_size >= 1, got "
                              f"{temperature}, {max_new_tokens}, {batch_size}")
-        if uncertainty_penalty < 0 or (halt_uncertainty is not None and halt_uncertainty <= 0):
-            raise ValueError(f"uncertainty_penalty must be >= 0 and halt_uncertainty > 0 (or None); got "
-                             f"{uncertainty_penalty} and {halt_uncertainty}")
-        self.uncertainty_penalty = uncertainty_penalty
-        self.halt_uncertainty = halt_uncertainty
+        self.guard = Guard(uncertainty_penalty, halt_uncertainty)
         self.starts = load_start_states(checkpoint)
         self.model, tokenizer = load_model(checkpoint)
         self.tokenizer = checked_tokenizer(tokenizer, checkpoint)
@@ -472,12 +469,12 @@ class TextGameSimulator:
                 continue
             r.completion, logprobs = next(outputs)
             r.uncertainty = float(-logprobs.min()) if len(logprobs) else 0.0
-            r.halted = self.halt_uncertainty is not None and r.uncertainty > self.halt_uncertainty
+            r.halted = self.guard.halts(r.uncertainty)
             diff, r.error = parse_diff(r.completion, r.state)
             if diff is not None:
                 next_state = rebuild(r.state, diff)
                 gained = float(next_state["score"]) - float(r.state["score"])
-                r.reward = (0.0 if r.halted else gained) - self.uncertainty_penalty * r.uncertainty
+                r.reward = (0.0 if r.halted else gained) - self.guard.penalty * r.uncertainty
                 r.state = next_state
 
 
