@@ -187,13 +187,18 @@ def load_state(config: CoTrainConfig, out: Path) -> State:
     if not path.is_file():
         return State(world=resolve_world(config))
     saved = json.loads(path.read_text())
-    # A setting added since the run began counts as its default, so that a run survives an upgrade.
-    recorded = {**asdict(CoTrainConfig()), **json.loads((out / "config.json").read_text())}
+    recorded = recorded_config(out)
     changed = {k for k, v in asdict(config).items() if recorded[k] != v and k != "rounds"}
     if changed:
         raise ValueError(f"{out} holds a run with other settings ({sorted(changed)}); resume it with the same "
                          "flags (only --rounds may grow) or pick another --out")
     return State(**saved)
+
+
+def recorded_config(out: Path) -> dict:
+    """The settings a run in `out` was started with; a setting added since counts as its default, so that a run
+    survives an upgrade."""
+    return {**asdict(CoTrainConfig()), **json.loads((out / "config.json").read_text())}
 
 
 def save_state(state: State, out: Path) -> None:

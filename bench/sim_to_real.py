@@ -50,6 +50,7 @@ from agents.cotrain import (
     learned_success,
     make_agent,
     new_agent,
+    recorded_config,
     resolve_world,
     run_cotrain,
     score_in_real,
@@ -196,7 +197,7 @@ def loop_dir(directory: Path, arm: str, config: CoTrainConfig) -> Path:
     settings = {k: v for k, v in asdict(config).items() if k not in ("out", "rounds", "seed")}
     older = directory / f"{arm}-{config.seed}"
     if (older / "config.json").is_file():
-        recorded = {**asdict(CoTrainConfig()), **json.loads((older / "config.json").read_text())}
+        recorded = recorded_config(older)
         if all(recorded[k] == v for k, v in settings.items()):
             return older
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
