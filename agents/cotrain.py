@@ -68,6 +68,8 @@ ALGOS = {RT1_ENV: ("ppo",), TEXT_ENV: ("dqn", "ppo")}
 DEFAULT_CHECKPOINTS = {RT1_ENV: "rt1-rlvr", TEXT_ENV: "textgame-rlvr"}
 DEFAULT_HORIZONS = {RT1_ENV: DEFAULT_HORIZON, TEXT_ENV: DEFAULT_MAX_STEPS}
 PHASES = ("collect", "refit", "agent", "score")
+PRETRAIN = "pretrain"
+"""Round 0's phase before collect, with `CoTrainConfig.pretrain_steps`."""
 COLLECT_SEED_RUN = 8
 """Tabletop start states the agent collects data from: env seeds 8_000_000 + i (the scoring run is agents.robot's 9)."""
 
@@ -143,6 +145,10 @@ class CoTrainConfig:
     """Agent learning rate; 0: 3e-4 for PPO, 1e-4 for DQN."""
     n_steps: int = 32
     """PPO rollout length per sub-env."""
+    pretrain_steps: int = 0
+    """Agent steps inside the starting simulator before the first real step (they take no real steps): the first
+    collect then follows a policy that has learned the simulator's games, and visits the states near success that
+    the refit needs, instead of a random policy's."""
     seed: int = 0
     """Seeds the agent, its exploration and the real start states' order."""
 
@@ -185,7 +191,7 @@ def resolve_world(config: CoTrainConfig) -> str:
 def load_state(config: CoTrainConfig, out: Path) -> State:
     path = out / "state.json"
     if not path.is_file():
-        return State(world=resolve_world(config))
+        return State(world=resolve_world(config), phase=PRETRAIN if config.pretrain_steps else PHASES[0])
     saved = json.loads(path.read_text())
     recorded = recorded_config(out)
     changed = {k for k, v in asdict(config).items() if recorded[k] != v and k != "rounds"}
@@ -595,9 +601,9 @@ def check_config(config: CoTrainConfig) -> None:
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
     if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0 \
-            or config.learning_rate < 0 or config.shaping < 0:
-        raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration, --learning-rate and "
-                         "--shaping >= 0")
+            or config.learning_rate < 0 or config.shaping < 0 or config.pretrain_steps < 0:
+        raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration, --learning-rate, "
+                         "--shaping and --pretrain-steps >= 0")
     if config.real_updates and config.env == TEXT_ENV and config.algo != "dqn":
         raise ValueError("--real-updates in the text games takes --algo dqn")
     if config.surprise_on not in ("state", "outcome"):
@@ -645,6 +651,12 @@ def run_cotrain(config: CoTrainConfig) -> dict:
     saved = resumed_agent(out, state)
     if saved is not None:
         agent = load_agent(config, saved, env)
+    if state.phase == PRETRAIN:
+        learn_in_sim(agent, env, config, config.pretrain_steps, "pretrain (starting sim)")
+        (out / PRETRAIN).mkdir(exist_ok=True)
+        save_agent(agent, out / PRETRAIN, out)
+        state.phase = PHASES[0]
+        save_state(state, out)
     while state.round < config.rounds:
         round_dir = out / f"round_{state.round:02d}"
         round_dir.mkdir(exist_ok=True)
@@ -664,12 +676,7 @@ def run_cotrain(config: CoTrainConfig) -> dict:
             if config.real_updates and config.algo == "dqn":  # PPO learned from them as it collected them
                 learned = learn_from_real(agent, round_dir / "real" / AGENT_TRANSITIONS)
                 log.info("round %d: the agent learned from %d real transitions", state.round, learned)
-            # PPO learns in whole rollouts
-            total = -(-config.sim_steps // (config.n_steps * env.num_envs)) * config.n_steps * env.num_envs \
-                if config.algo == "ppo" else config.sim_steps
-            with tqdm(total=total, desc=f"round {state.round}: agent (learned sim)", unit="step", leave=False) as bar:
-                agent.learn(config.sim_steps, reset_num_timesteps=False,
-                            callback=lambda *_: bar.update(env.num_envs) or True)
+            learn_in_sim(agent, env, config, config.sim_steps, f"round {state.round}: agent (learned sim)")
             save_agent(agent, round_dir, out)
             state.phase = "score"
             save_state(state, out)
@@ -692,6 +699,14 @@ def run_cotrain(config: CoTrainConfig) -> dict:
     env.close()
     writer.close()
     return state.history[-1] if state.history else {}
+
+
+def learn_in_sim(agent: BaseAlgorithm, env, config: CoTrainConfig, steps: int, desc: str) -> None:
+    # PPO learns in whole rollouts
+    total = -(-steps // (config.n_steps * env.num_envs)) * config.n_steps * env.num_envs if config.algo == "ppo" \
+        else steps
+    with tqdm(total=total, desc=desc, unit="step", leave=False) as bar:
+        agent.learn(steps, reset_num_timesteps=False, callback=lambda *_: bar.update(env.num_envs) or True)
 
 
 def main() -> None:

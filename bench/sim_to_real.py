@@ -187,19 +187,21 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = f"{label}+win{args.win_share:g}" if args.win_share and env == TEXT_ENV else label
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
     label = f"{label}+replay" if args.text_replay and env == TEXT_ENV else label
+    label = f"{label}+pretrain{args.pretrain_steps}" if args.pretrain_steps else label
     return label if checkpoint == DEFAULT_CHECKPOINTS[env] else f"{label}+{path_label(checkpoint)}"
 
 
 def loop_dir(directory: Path, arm: str, config: CoTrainConfig) -> Path:
     """A loop arm's run directory, one per settings (all but its seed, its rounds, which may grow, and the directory
     itself), so that loops with other sizes or refit settings neither resume nor block each other: ARM-SEED-DIGEST,
-    or ARM-SEED where an earlier version of this script ran the same settings."""
+    or the existing ARM-SEED[-DIGEST] that ran the same settings (an earlier version of this script, or one from
+    before a setting existed, whose digest differs)."""
     settings = {k: v for k, v in asdict(config).items() if k not in ("out", "rounds", "seed")}
-    older = directory / f"{arm}-{config.seed}"
-    if (older / "config.json").is_file():
-        recorded = recorded_config(older)
-        if all(recorded[k] == v for k, v in settings.items()):
-            return older
+    for older in sorted(directory.glob(f"{arm}-{config.seed}")) + sorted(directory.glob(f"{arm}-{config.seed}-*")):
+        if (older / "config.json").is_file():
+            recorded = recorded_config(older)
+            if all(recorded[k] == v for k, v in settings.items()):
+                return older
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
     return directory / f"{arm}-{config.seed}-{digest}"
 
@@ -245,6 +247,9 @@ def main() -> None:
     parser.add_argument("--surprise-on", choices=("state", "outcome"), default="state",
                         help="text: what makes a step surprising for GRPO's prompts (`CoTrainConfig.surprise_on`)")
     parser.add_argument("--text-replay", default="", help="ByteSized32-format transitions mixed into every text refit")
+    parser.add_argument("--pretrain-steps", type=int, default=0,
+                        help="agent steps in the starting simulator before the first real step "
+                             "(`CoTrainConfig.pretrain_steps`)")
     parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS,
                         help="arms to run and report; the real-env arms take the loop's real steps as their budget")
     args = parser.parse_args()
@@ -264,7 +269,7 @@ def main() -> None:
             label = arm_label(task, args)
             base = CoTrainConfig(rounds=args.rounds, real_steps=args.real_steps, sim_steps=sim_steps,
                                  eval_episodes=args.eval_episodes, mle_steps=args.mle_steps, grpo_steps=args.grpo_steps,
-                                 seed=seed, **domain)
+                                 pretrain_steps=args.pretrain_steps, seed=seed, **domain)
             base = replace(base, out=str(loop_dir(OUT / "sim_to_real" / label, "loop", base)))
             mle_only = replace(base, grpo_steps=0)
             arms = {"loop": base,

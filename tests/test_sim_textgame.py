@@ -447,6 +447,31 @@ def test_cotraining_in_the_text_game_refits_on_the_agents_real_transitions(no_ch
                                                   real_updates=True))
 
 
+def test_pretraining_in_the_starting_sim_takes_no_real_steps_and_a_kill_after_it_keeps_it(no_change_checkpoint,
+                                                                                          tmp_path, monkeypatch):
+    from agents import cotrain
+
+    monkeypatch.chdir(tmp_path)
+    config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), env=cotrain.TEXT_ENV, algo="dqn",
+                                   checkpoint=str(no_change_checkpoint), rounds=1, real_steps=4, eval_episodes=1,
+                                   sim_steps=16, num_envs=2, horizon=3, mle_steps=1, grpo_steps=0, pretrain_steps=24)
+
+    def killed(*_):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cotrain, "collect_text", killed)
+        with pytest.raises(KeyboardInterrupt):
+            cotrain.run_cotrain(config)
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["phase"] == "collect" and state["real_steps_total"] == 0
+    assert (tmp_path / "run" / "pretrain" / "agent.zip").is_file()
+    record = cotrain.run_cotrain(config)  # resumed after the pretraining, which is not run again
+    assert record["agent_steps"] == 24 + 16
+    with pytest.raises(ValueError, match="pretrain-steps"):
+        cotrain.run_cotrain(replace(config, out=str(tmp_path / "x"), pretrain_steps=-1))
+
+
 def test_the_text_refit_repeats_the_steps_that_win_up_to_win_share():
     from agents import cotrain
     from rlvr_gym.domains.textgame import wins

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import shutil
 from dataclasses import asdict, replace
 
 from agents.cotrain import TEXT_ENV, CoTrainConfig
@@ -38,7 +39,7 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
 
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
     args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, real_updates=False,
-                              win_share=0.0, surprise_on="state", text_replay="")
+                              win_share=0.0, surprise_on="state", text_replay="", pretrain_steps=0)
     assert arm_label("close_drawer", args) == "close_drawer"
     assert arm_label("text", args) == "text"
     assert arm_label("close_drawer", replace_args(args, shaping=0.2)) == "close_drawer+shaping0.2"
@@ -53,6 +54,7 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     assert arm_label("close_drawer", text_refits) == "close_drawer+real-updates"  # the tabletop refits take neither
     assert arm_label("text", replace_args(text_refits, text_replay="runs/textworld/train/transitions.jsonl.gz")) \
         == "text+real-updates+win0.2+surprise-outcome+replay"
+    assert arm_label("text", replace_args(args, pretrain_steps=4096)) == "text+pretrain4096"
 
 
 def replace_args(args: argparse.Namespace, **changes) -> argparse.Namespace:
@@ -93,6 +95,15 @@ def test_a_loop_with_other_settings_runs_in_its_own_directory_and_an_older_run_o
     (older / "config.json").write_text(json.dumps({**recorded, "out": str(older), "rounds": 3}))
     assert loop_dir(tmp_path, "loop", config) == older
     assert loop_dir(tmp_path, "loop", replace(config, sim_steps=4096)) != older
+    # So is a loop-SEED-DIGEST run begun before a setting existed (its digest taken without it).
+    shutil.rmtree(older)
+    digested = tmp_path / "loop-1-0123abcd"
+    digested.mkdir()
+    recorded = {k: v for k, v in asdict(config).items() if k != "pretrain_steps"}
+    (digested / "config.json").write_text(json.dumps({**recorded, "out": str(digested)}))
+    assert loop_dir(tmp_path, "loop", config) == digested
+    assert loop_dir(tmp_path, "loop", replace(config, pretrain_steps=64)) not in (digested, first)
+    assert loop_dir(tmp_path, "loop-mle", config).name.startswith("loop-mle-1-")
 
 
 def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, monkeypatch):
