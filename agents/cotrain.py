@@ -7,7 +7,8 @@ contract.)
 
 An agent trained in a frozen learned simulator learns to trigger the simulator's success signal from states the
 world model never saw (`rlvr-gym probe`). Each round here closes that loop, as DIAMOND, MBPO and iVideoGPT's MBRL
-setup do, with RLVR in it:
+setup do, with RLVR in it (with `pretrain_steps`, the agent first learns in the starting simulator, no real step
+taken):
   (a) collect: the current agent acts in the real env for `real_steps` steps (with exploration: Gaussian action
       noise on the tabletop, a random candidate command with probability `exploration` in the text games); the
       episodes are written in the world model's own data format (`rlvr_gym.data.episodes` shards, ByteSized32
