@@ -144,9 +144,9 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     if arm.startswith("real") and config.env == RT1_ENV:
         key = {name: getattr(config, name) for name in REAL_ARM_FIELDS}
     else:
-        # Where the loop runs, whether it learns from its real steps and how its refits weight their data do not change
-        # the other arms.
-        loop_only = ("out", "real_updates", "win_share", "surprise_on")
+        # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
+        # agent pretrains do not change the other arms.
+        loop_only = ("out", "real_updates", "win_share", "surprise_on", "pretrain_steps")
         key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
                "world": world_fingerprint(config)}
     return {**key, **extra}
