@@ -363,7 +363,9 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
               f"World models {args.checkpoint} (tabletop, PPO) and {args.text_checkpoint} (text, DQN); {args.rounds} "
               f"rounds of {args.real_steps} real data steps, {args.mle_steps} MLE and {args.grpo_steps} GRPO steps of "
               f"refit and {args.sim_steps} simulated agent steps (text: {args.text_sim_steps or args.sim_steps}); "
-              f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
+              + (f"the loop's agent first learns {args.pretrain_steps} steps in the starting simulator; "
+                 if args.pretrain_steps else "")
+              + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
               "time). Intervals: 95% t over seeds.", "", markdown_table(rows), "", *lines, "",
               "![curves](sim_to_real.png)", ""]
     (OUT / "sim_to_real.md").write_text("\n".join(report))

@@ -121,9 +121,10 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     monkeypatch.setattr(bench, "OUT", tmp_path)
     args = argparse.Namespace(arms=["loop", "real-1x"], seeds=[0, 1], checkpoint="rt1-rlvr",
                               text_checkpoint="textgame-rlvr", rounds=2, real_steps=200, mle_steps=40, grpo_steps=5,
-                              sim_steps=4096, text_sim_steps=1024, eval_episodes=16)
+                              sim_steps=4096, text_sim_steps=1024, eval_episodes=16, pretrain_steps=2048)
     bench.write_report(args, runs)
     report = (tmp_path / "sim_to_real.md").read_text()
+    assert "first learns 2048 steps in the starting simulator" in report
     assert "| text | loop | 0.60 ± 2.54 | 950 | +0.00 | 1 of 2 | 450 |" in report
     assert "reaches it at 450 real steps, 3.3x fewer than the real env's 1500" in report
     # Seed 0's real curve at 900 steps is 0.24 (0.56 behind the loop), seed 1's at 1000 steps 0.2 (0.2 behind).
