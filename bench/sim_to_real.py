@@ -197,7 +197,7 @@ def loop_dir(directory: Path, arm: str, config: CoTrainConfig) -> Path:
     or the existing ARM-SEED[-DIGEST] that ran the same settings (an earlier version of this script, or one from
     before a setting existed, whose digest differs)."""
     settings = {k: v for k, v in asdict(config).items() if k not in ("out", "rounds", "seed")}
-    for older in sorted(directory.glob(f"{arm}-{config.seed}")) + sorted(directory.glob(f"{arm}-{config.seed}-*")):
+    for older in [directory / f"{arm}-{config.seed}", *sorted(directory.glob(f"{arm}-{config.seed}-*"))]:
         if (older / "config.json").is_file():
             recorded = recorded_config(older)
             if all(recorded[k] == v for k, v in settings.items()):
