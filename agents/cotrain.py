@@ -33,6 +33,7 @@ TensorBoard and `rounds.jsonl`; each phase has a progress bar.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import math
@@ -71,6 +72,10 @@ DEFAULT_HORIZONS = {RT1_ENV: DEFAULT_HORIZON, TEXT_ENV: DEFAULT_MAX_STEPS}
 PHASES = ("collect", "refit", "agent", "score")
 PRETRAIN = "pretrain"
 """Round 0's phase before collect, with `CoTrainConfig.pretrain_steps`."""
+START_SCORE = "start"
+"""The phase, and its directory, that scores the agent before round 0 (`CoTrainConfig.score_data`)."""
+SCORE_DATA = "score"
+"""A scoring's recorded real episodes, in a round's directory (`CoTrainConfig.score_data`)."""
 COLLECT_SEED_RUN = 8
 """Tabletop start states the agent collects data from: env seeds 8_000_000 + i (the scoring run is agents.robot's 9)."""
 
@@ -150,6 +155,12 @@ class CoTrainConfig:
     """Agent steps inside the starting simulator before the first real step (they take no real steps): the first
     collect then follows a policy that has learned the simulator's games, and visits the states near success that
     the refit needs, instead of a random policy's."""
+    score_data: bool = False
+    """Text: every scoring is data too. The agent is also scored before round 0 (after any pretraining; its record is
+    round -1), and each scoring's real episodes (greedy, the games `score_in_real` plays) join the next refit's data,
+    GRPO prompts included, and with `real_updates` the agent learns from them as from the collect phase's. Real
+    steps are counted the same either way; off, a scoring only measures. With it `real_steps` may be 0: the loop's
+    real steps are then its scorings alone, its own greedy policy."""
     seed: int = 0
     """Seeds the agent, its exploration and the real start states' order."""
 
@@ -192,7 +203,7 @@ def resolve_world(config: CoTrainConfig) -> str:
 def load_state(config: CoTrainConfig, out: Path) -> State:
     path = out / "state.json"
     if not path.is_file():
-        return State(world=resolve_world(config), phase=PRETRAIN if config.pretrain_steps else PHASES[0])
+        return State(world=resolve_world(config), phase=first_phase(config))
     saved = json.loads(path.read_text())
     recorded = recorded_config(out)
     changed = {k for k, v in asdict(config).items() if recorded[k] != v and k != "rounds"}
@@ -200,6 +211,12 @@ def load_state(config: CoTrainConfig, out: Path) -> State:
         raise ValueError(f"{out} holds a run with other settings ({sorted(changed)}); resume it with the same "
                          "flags (only --rounds may grow) or pick another --out")
     return State(**saved)
+
+
+def first_phase(config: CoTrainConfig) -> str:
+    if config.pretrain_steps:
+        return PRETRAIN
+    return START_SCORE if config.score_data else PHASES[0]
 
 
 def recorded_config(out: Path) -> dict:
@@ -432,27 +449,57 @@ def learned_success_rt1(agent: BaseAlgorithm, world: str, config: CoTrainConfig,
 def collect_text(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> int:
     """The agent in the real TextWorld games of the world's start states, taken in turn; each step a ByteSized32
     record (as `rlvr-gym collect textworld` writes them) in out/real/transitions.jsonl.gz."""
+    rng = np.random.default_rng([config.seed, state.round])
+    with tqdm(total=config.real_steps, desc=f"round {state.round}: collect (real)", unit="step", leave=False) as bar:
+        games = ((index, config.seed) for index in itertools.count(state.collect_seed))
+        wins, steps = play_text(agent, config, state.world, games, config.exploration, rng, out / "real", bar,
+                                budget=config.real_steps)
+    state.collect_seed += len(wins)
+    return steps
+
+
+def score_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, out: Path) -> tuple[float, int]:
+    """`score_in_real`'s episodes (`agents.textgame.evaluate_in_real`: the same games, order and seeds, greedy),
+    recorded in out/ as `collect_text` records its own: `CoTrainConfig.score_data`."""
+    from rlvr_gym.sim.textgame import load_start_states
+
+    order = np.random.default_rng(config.seed).permutation(len(load_start_states(world)))
+    games = [(int(order[e % len(order)]), config.seed + e) for e in range(config.eval_episodes)]
+    with tqdm(total=len(games), desc="score (real, recorded)", unit="episode", leave=False) as bar:
+        wins, steps = play_text(agent, config, world, iter(games), 0.0, np.random.default_rng(0), out, bar,
+                                per_episode=True)
+    return float(np.mean(wins)), steps
+
+
+def play_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, games, exploration: float,
+              rng: np.random.Generator, out: Path, bar, budget: int | None = None,
+              per_episode: bool = False) -> tuple[list[bool], int]:
+    """The agent in the real games `games` yields ((start index, modulo the start states), reset seed), one episode
+    each, until they run out or `budget` steps are taken (whole episodes); with probability `exploration` a step
+    takes a uniformly random candidate. Every step a ByteSized32 record in out/transitions.jsonl.gz, and the steps
+    as the agent saw them in out/agent_transitions.npz (`CoTrainConfig.real_updates`). Returns each episode's win
+    and the steps taken."""
     from agents.textgame import RealTextWorldDiscreteEnv
     from envs.textworld import game_name
     from envs.textworld.play import Transition
     from rlvr_gym.data.textgame import textworld_record, write_transitions
 
-    rng = np.random.default_rng([config.seed, state.round])
     n = int(agent.action_space.n)
-    env = RealTextWorldDiscreteEnv(state.world, config.steps_per_episode, max_candidates=n,
+    env = RealTextWorldDiscreteEnv(world, config.steps_per_episode, max_candidates=n,
                                    obs_dim=int(agent.observation_space.shape[0]))
-    records, steps, seen = [], 0, {key: [] for key in AGENT_TRANSITION_KEYS}
-    with tqdm(total=config.real_steps, desc=f"round {state.round}: collect (real)", unit="step", leave=False) as bar:
-        while steps < config.real_steps:
-            index = state.collect_seed % len(env.starts)
-            state.collect_seed += 1
+    records, steps, wins, seen = [], 0, [], {key: [] for key in AGENT_TRANSITION_KEYS}
+    try:
+        for index, reset_seed in games:
+            if budget is not None and steps >= budget:
+                break
+            index %= len(env.starts)
             start = env.starts[index]
             name = game_name(start.seed, start.nb_rooms, start.nb_objects, start.quest_length)
-            obs, info = env.reset(seed=config.seed, options={"index": index})
+            obs, info = env.reset(seed=reset_seed, options={"index": index})
             previous, done = "", False
             while not done:
                 choices = min(len(info["candidates"]), n)
-                if choices and rng.random() < config.exploration:
+                if choices and exploration and rng.random() < exploration:
                     action = int(rng.integers(choices))
                 else:
                     action = int(agent.predict(obs, deterministic=True)[0])
@@ -464,12 +511,15 @@ def collect_text(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out:
                 records.append(textworld_record(name, len(records), start.objective, previous, step))
                 previous, done = info["command"], terminated or truncated
                 steps += 1
-                bar.update()
-    env.close()
-    write_transitions(records, out / "real")
+                bar.update(0 if per_episode else 1)
+            wins.append(bool(info["is_success"]))
+            bar.update(1 if per_episode else 0)
+    finally:
+        env.close()
+    write_transitions(records, out)
     if config.real_updates:
-        np.savez_compressed(out / "real" / AGENT_TRANSITIONS, **{k: np.asarray(v) for k, v in seen.items()})
-    return steps
+        np.savez_compressed(out / AGENT_TRANSITIONS, **{k: np.asarray(v) for k, v in seen.items()})
+    return wins, steps
 
 
 AGENT_TRANSITIONS = "agent_transitions.npz"
@@ -514,10 +564,17 @@ def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) ->
         weight_toward,
     )
 
-    seen = []
-    for r in range(state.round + 1):
-        with gzip.open(run_dir / f"round_{r:02d}" / "real" / TEXTWORLD_FILE, "rt", encoding="utf-8") as f:
-            seen += [json.loads(line) for line in f]
+    def records(directory: Path) -> list[dict]:
+        with gzip.open(directory / TEXTWORLD_FILE, "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f]
+
+    scorings = score_dirs(run_dir, state.round) if config.score_data else []
+    collected = [run_dir / f"round_{r:02d}" / "real" for r in range(state.round + 1)]
+    seen = [record for directory in collected + scorings for record in records(directory)]
+    # GRPO's prompts: the agent's newest real steps, the round's collect and the scoring before it.
+    newest = out / "real"
+    if scorings:
+        newest = write_transitions(records(out / "real") + records(scorings[-1]), out / "newest").parent
     won = [wins(r["current_score_state"], r["next_score_state"]) for r in seen]
     seen = weight_toward(seen, won, config.win_share)
     seen_file = write_transitions(seen, out / "seen")
@@ -538,7 +595,7 @@ def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) ->
     if config.grpo_steps == 0:
         return str(mle_dir)
     recipe = TextGameRLVRConfig(
-        run_dir=str(out / "rlvr"), model=str(mle_dir), data=str(out / "real" / TEXTWORLD_FILE), eval_data="",
+        run_dir=str(out / "rlvr"), model=str(mle_dir), data=str(newest / TEXTWORLD_FILE), eval_data="",
         eval_accuracy_examples=0, surprise_prompts=config.surprise_prompts, surprise_on=config.surprise_on,
         seed=config.seed,
         resume=(out / "rlvr" / "checkpoints").exists(),
@@ -599,8 +656,11 @@ def check_config(config: CoTrainConfig) -> None:
         if config.task not in TASKS:
             raise ValueError(f"unknown task {config.task!r}: use one of {TASKS}")
     for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "n_steps", "calibration_replay"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
+        if getattr(config, name) < (0 if name == "real_steps" and config.score_data else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (--real-steps >= 0 with --score-data), got "
+                             f"{getattr(config, name)}")
+    if config.score_data and config.env != TEXT_ENV:
+        raise ValueError("--score-data records the text games' scorings; the tabletop loop scores without recording")
     if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0 \
             or config.learning_rate < 0 or config.shaping < 0 or config.pretrain_steps < 0:
         raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration, --learning-rate, "
@@ -656,6 +716,10 @@ def run_cotrain(config: CoTrainConfig) -> dict:
         learn_in_sim(agent, env, config, config.pretrain_steps, "pretrain (starting sim)")
         (out / PRETRAIN).mkdir(exist_ok=True)
         save_agent(agent, out / PRETRAIN, out)
+        state.phase = START_SCORE if config.score_data else PHASES[0]
+        save_state(state, out)
+    if state.phase == START_SCORE:
+        score(agent, config, state, out, out / START_SCORE, writer, time.perf_counter())
         state.phase = PHASES[0]
         save_state(state, out)
     while state.round < config.rounds:
@@ -675,24 +739,17 @@ def run_cotrain(config: CoTrainConfig) -> dict:
             env = make_sim_env(config, state.world)
             agent.set_env(env)
             if config.real_updates and config.algo == "dqn":  # PPO learned from them as it collected them
-                learned = learn_from_real(agent, round_dir / "real" / AGENT_TRANSITIONS)
+                # The round's collect, and the scoring before it (`score_data`), which no agent phase has seen yet.
+                latest_score = score_dirs(out, state.round)[-1:] if config.score_data else []
+                learned = sum(learn_from_real(agent, d / AGENT_TRANSITIONS)
+                              for d in [round_dir / "real", *latest_score])
                 log.info("round %d: the agent learned from %d real transitions", state.round, learned)
             learn_in_sim(agent, env, config, config.sim_steps, f"round {state.round}: agent (learned sim)")
             save_agent(agent, round_dir, out)
             state.phase = "score"
             save_state(state, out)
         if state.phase == "score":
-            real_success, real_steps = score_in_real(agent, config, state.world)
-            state.real_steps_total += real_steps
-            record = {"round": state.round, "real_steps_total": state.real_steps_total, "real_success": real_success,
-                      "learned_success": learned_success(agent, state.world, config, config.eval_episodes),
-                      "agent_steps": int(agent.num_timesteps), "world": state.world,
-                      "seconds": round(time.perf_counter() - started, 1)}
-            for key in ("real_success", "learned_success"):
-                writer.add_scalar(f"cotrain/{key}", record[key], state.real_steps_total)
-            writer.flush()
-            log.info("round %d: %s", state.round, record)
-            state.history.append(record)
+            score(agent, config, state, out, round_dir, writer, started)
             state.round, state.phase = state.round + 1, PHASES[0]
             save_state(state, out)
             # Rewritten whole from the state, so a kill between the two writes leaves no round out or twice.
@@ -700,6 +757,36 @@ def run_cotrain(config: CoTrainConfig) -> dict:
     env.close()
     writer.close()
     return state.history[-1] if state.history else {}
+
+
+def score(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path, round_dir: Path,
+          writer: SummaryWriter, started: float) -> None:
+    """(d) The agent's real success (its episodes recorded in round_dir/score with `score_data`) and its learned
+    success from the same starts, appended to the state's history as the round's record."""
+    if config.score_data:
+        real_success, real_steps = score_text(agent, config, state.world, round_dir / SCORE_DATA)
+    else:
+        real_success, real_steps = score_in_real(agent, config, state.world)
+    state.real_steps_total += real_steps
+    before_round_0 = round_dir.name == START_SCORE
+    record = {"round": -1 if before_round_0 else state.round, "real_steps_total": state.real_steps_total,
+              "real_success": real_success,
+              "learned_success": learned_success(agent, state.world, config, config.eval_episodes),
+              "agent_steps": int(agent.num_timesteps), "world": state.world,
+              "seconds": round(time.perf_counter() - started, 1)}
+    for key in ("real_success", "learned_success"):
+        writer.add_scalar(f"cotrain/{key}", record[key], state.real_steps_total)
+    writer.flush()
+    log.info("round %d: %s", record["round"], record)
+    state.history.append(record)
+    if before_round_0:
+        atomic_write_text(out / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in state.history))
+
+
+def score_dirs(out: Path, round: int) -> list[Path]:
+    """The recorded scorings (`score_data`) that precede round `round`'s refit: before round 0, and rounds before."""
+    dirs = [out / START_SCORE / SCORE_DATA] + [out / f"round_{r:02d}" / SCORE_DATA for r in range(round)]
+    return [d for d in dirs if d.is_dir()]
 
 
 def learn_in_sim(agent: BaseAlgorithm, env, config: CoTrainConfig, steps: int, desc: str) -> None:

@@ -146,7 +146,7 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     else:
         # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
         # agent pretrains do not change the other arms.
-        loop_only = ("out", "real_updates", "win_share", "surprise_on", "pretrain_steps")
+        loop_only = ("out", "real_updates", "win_share", "surprise_on", "pretrain_steps", "score_data")
         key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
                "world": world_fingerprint(config)}
     return {**key, **extra}
@@ -188,6 +188,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
     label = f"{label}+replay" if args.text_replay and env == TEXT_ENV else label
     label = f"{label}+pretrain{args.pretrain_steps}" if args.pretrain_steps else label
+    label = f"{label}+score-data" if args.score_data and env == TEXT_ENV else label
     return label if checkpoint == DEFAULT_CHECKPOINTS[env] else f"{label}+{path_label(checkpoint)}"
 
 
@@ -250,6 +251,9 @@ def main() -> None:
     parser.add_argument("--pretrain-steps", type=int, default=0,
                         help="agent steps in the starting simulator before the first real step "
                              "(`CoTrainConfig.pretrain_steps`)")
+    parser.add_argument("--score-data", action="store_true",
+                        help="text: the loop's scorings are data too, and it scores before round 0 "
+                             "(`CoTrainConfig.score_data`)")
     parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS,
                         help="arms to run and report; the real-env arms take the loop's real steps as their budget")
     args = parser.parse_args()
@@ -261,7 +265,7 @@ def main() -> None:
         for seed in args.seeds:
             domain = {"env": TEXT_ENV, "algo": "dqn", "checkpoint": args.text_checkpoint, "replay": args.text_replay,
                       "real_updates": args.real_updates, "win_share": args.win_share,
-                      "surprise_on": args.surprise_on} \
+                      "surprise_on": args.surprise_on, "score_data": args.score_data} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
                                         "replay": args.replay, "shaping": args.shaping,
                                         "real_updates": args.real_updates}
@@ -365,6 +369,8 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
               f"refit and {args.sim_steps} simulated agent steps (text: {args.text_sim_steps or args.sim_steps}); "
               + (f"the loop's agent first learns {args.pretrain_steps} steps in the starting simulator; "
                  if args.pretrain_steps else "")
+              + ("text: it is scored before round 0 too and every scoring's episodes are data of its next refit "
+                 "and agent phase; " if args.score_data else "")
               + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
               "time). Intervals: 95% t over seeds.", "", markdown_table(rows), "", *lines, "",
               "![curves](sim_to_real.png)", ""]

@@ -472,6 +472,44 @@ def test_pretraining_in_the_starting_sim_takes_no_real_steps_and_a_kill_after_it
         cotrain.run_cotrain(replace(config, out=str(tmp_path / "x"), pretrain_steps=-1))
 
 
+def test_score_data_scores_before_round_0_and_every_scoring_feeds_the_next_refit(no_change_checkpoint, tmp_path,
+                                                                                 monkeypatch):
+    import gzip
+
+    from stable_baselines3 import DQN
+
+    from agents import cotrain
+
+    monkeypatch.chdir(tmp_path)
+    config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), env=cotrain.TEXT_ENV, algo="dqn",
+                                   checkpoint=str(no_change_checkpoint), rounds=1, real_steps=0, eval_episodes=2,
+                                   sim_steps=16, num_envs=2, horizon=3, mle_steps=1, grpo_steps=1, real_updates=True,
+                                   score_data=True)
+    last = cotrain.run_cotrain(config)
+
+    def records(path: Path) -> list[dict]:
+        with gzip.open(path / "transitions.jsonl.gz", "rt") as f:
+            return [json.loads(line) for line in f]
+
+    run = tmp_path / "run"
+    start, round_0 = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
+    assert (start["round"], round_0["round"]) == (-1, 0) and round_0 == last
+    scored = records(run / "start" / "score")
+    # Scoring takes the only real steps (none collected), each recorded, and round 0's refit fitted them all.
+    assert len(scored) == start["real_steps_total"] and records(run / "round_00" / "real") == []
+    assert records(run / "round_00" / "seen") == scored == records(run / "round_00" / "newest")
+    assert last["real_steps_total"] == start["real_steps_total"] + len(records(run / "round_00" / "score"))
+    assert len(np.load(run / "start" / "score" / cotrain.AGENT_TRANSITIONS)["action"]) == len(scored)
+    # A recorded scoring plays the very episodes `score_in_real` plays.
+    agent = DQN.load(run / "agent.zip", device="cpu")
+    assert cotrain.score_text(agent, config, last["world"], tmp_path / "again") == \
+        cotrain.score_in_real(agent, config, last["world"])
+    with pytest.raises(ValueError, match="real-steps"):
+        cotrain.run_cotrain(replace(config, out=str(tmp_path / "x"), score_data=False))
+    with pytest.raises(ValueError, match="score-data"):
+        cotrain.run_cotrain(cotrain.CoTrainConfig(out=str(tmp_path / "x"), score_data=True))
+
+
 def test_the_text_refit_repeats_the_steps_that_win_up_to_win_share():
     from agents import cotrain
     from rlvr_gym.domains.textgame import wins

@@ -30,16 +30,18 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
     before = arm_key(text, "real-1x", budget=100)
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
     assert arm_key(text, "real-1x", budget=100) != before
-    # Nor does where the loop runs, whether it learns from its real steps, how its refits weight their data or whether
-    # its agent pretrains change the other arms.
-    dyna = replace(text, out="elsewhere", real_updates=True, win_share=0.2, surprise_on="outcome", pretrain_steps=64)
+    # Nor does where the loop runs, whether it learns from its real steps (its scorings' too), how its refits weight
+    # their data or whether its agent pretrains change the other arms.
+    dyna = replace(text, out="elsewhere", real_updates=True, win_share=0.2, surprise_on="outcome", pretrain_steps=64,
+                   score_data=True)
     assert arm_key(dyna, "real-1x", budget=100) == arm_key(text, "real-1x", budget=100)
     assert arm_key(dyna, "frozen") == arm_key(text, "frozen")
 
 
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
     args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, real_updates=False,
-                              win_share=0.0, surprise_on="state", text_replay="", pretrain_steps=0)
+                              win_share=0.0, surprise_on="state", text_replay="", pretrain_steps=0,
+                              score_data=False)
     assert arm_label("close_drawer", args) == "close_drawer"
     assert arm_label("text", args) == "text"
     assert arm_label("close_drawer", replace_args(args, shaping=0.2)) == "close_drawer+shaping0.2"
@@ -55,6 +57,7 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     assert arm_label("text", replace_args(text_refits, text_replay="runs/textworld/train/transitions.jsonl.gz")) \
         == "text+real-updates+win0.2+surprise-outcome+replay"
     assert arm_label("text", replace_args(args, pretrain_steps=4096)) == "text+pretrain4096"
+    assert arm_label("text", replace_args(args, pretrain_steps=4096, score_data=True)) == "text+pretrain4096+score-data"
 
 
 def replace_args(args: argparse.Namespace, **changes) -> argparse.Namespace:
@@ -121,7 +124,8 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     monkeypatch.setattr(bench, "OUT", tmp_path)
     args = argparse.Namespace(arms=["loop", "real-1x"], seeds=[0, 1], checkpoint="rt1-rlvr",
                               text_checkpoint="textgame-rlvr", rounds=2, real_steps=200, mle_steps=40, grpo_steps=5,
-                              sim_steps=4096, text_sim_steps=1024, eval_episodes=16, pretrain_steps=2048)
+                              sim_steps=4096, text_sim_steps=1024, eval_episodes=16, pretrain_steps=2048,
+                              score_data=False)
     bench.write_report(args, runs)
     report = (tmp_path / "sim_to_real.md").read_text()
     assert "first learns 2048 steps in the starting simulator" in report
