@@ -477,7 +477,7 @@ def play_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, games, ex
     """The agent in the real games `games` yields ((start index, modulo the start states), reset seed), one episode
     each, until they run out or `budget` steps are taken (whole episodes); with probability `exploration` a step
     takes a uniformly random candidate. Every step a ByteSized32 record in out/transitions.jsonl.gz, and the steps
-    as the agent saw them in out/agent_transitions.npz (`CoTrainConfig.real_updates`). Returns each episode's win
+    as the agent saw them in out/agent_transitions.npz (for `CoTrainConfig.real_updates`). Returns each episode's win
     and the steps taken."""
     from agents.textgame import RealTextWorldDiscreteEnv
     from envs.textworld import game_name
@@ -517,8 +517,7 @@ def play_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, games, ex
     finally:
         env.close()
     write_transitions(records, out)
-    if config.real_updates:
-        np.savez_compressed(out / AGENT_TRANSITIONS, **{k: np.asarray(v) for k, v in seen.items()})
+    np.savez_compressed(out / AGENT_TRANSITIONS, **{k: np.asarray(v) for k, v in seen.items()})
     return wins, steps
 
 

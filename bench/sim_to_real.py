@@ -17,7 +17,8 @@ Arms, each from the same seeds, each point its real success against the real env
 and scoring alike):
 - `loop`: `agents.cotrain` (refits by MLE, then GRPO);  `loop-mle`: the same with MLE-only refits (`--grpo-steps 0`);
 - `frozen`: the agent in the frozen starting simulator for as many simulated steps, real steps spent on scoring only;
-- `real-1x` / `real-10x`: the same SB3 algorithm in the real env with the loop's real-step budget and ten times it.
+- `real-1x` / `real-10x`: the same SB3 algorithm in the real env with the loop's real-step budget and ten times it
+  (with `--score-data`, as the loop, it also learns from its scoring episodes).
 Reported: final real success per arm with a 95% interval over seeds (t), the real steps at which the seeds' mean
 curve of each arm first reaches the real-env baseline's final success (sample efficiency), the loop against the
 real-env agent at equal real steps, and the loop's learned-vs-real success gap; a plot of every curve and the means.
@@ -29,6 +30,7 @@ import argparse
 import hashlib
 import json
 import math
+import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -43,10 +45,12 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
 from agents.cotrain import (
+    AGENT_TRANSITIONS,
     DEFAULT_CHECKPOINTS,
     RT1_ENV,
     TEXT_ENV,
     CoTrainConfig,
+    learn_from_real,
     learned_success,
     make_agent,
     new_agent,
@@ -54,6 +58,7 @@ from agents.cotrain import (
     resolve_world,
     run_cotrain,
     score_in_real,
+    score_text,
 )
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.files import path_label
@@ -73,7 +78,7 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 class RealScoring(BaseCallback):
     """Scores an agent training in the real env every `every` training steps; each point counts training and
-    scoring steps."""
+    scoring steps. With `score_data` (text DQN) the agent also learns from its scoring episodes."""
 
     def __init__(self, every: int, config: CoTrainConfig):
         super().__init__()
@@ -82,7 +87,13 @@ class RealScoring(BaseCallback):
     def _on_step(self) -> bool:
         if self.num_timesteps >= self.next:
             self.next += self.every
-            success, steps = score_in_real(self.model, self.config, resolve_world(self.config))
+            world = resolve_world(self.config)
+            if self.config.score_data:  # learns from its scorings as the loop does, one gradient step per real step
+                with tempfile.TemporaryDirectory() as scored:
+                    success, steps = score_text(self.model, self.config, world, Path(scored))
+                    learn_from_real(self.model, Path(scored) / AGENT_TRANSITIONS)
+            else:
+                success, steps = score_in_real(self.model, self.config, world)
             self.scoring_steps += steps
             self.points.append({"real_steps_total": self.num_timesteps + self.scoring_steps, "real_success": success})
         return True
@@ -145,8 +156,9 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
         key = {name: getattr(config, name) for name in REAL_ARM_FIELDS}
     else:
         # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
-        # agent pretrains do not change the other arms.
-        loop_only = ("out", "real_updates", "win_share", "surprise_on", "pretrain_steps", "score_data")
+        # agent pretrains do not change the other arms. Whether scorings are data changes the real-env arms too.
+        loop_only = ("out", "real_updates", "win_share", "surprise_on", "pretrain_steps",
+                     *(() if arm.startswith("real") else ("score_data",)))
         key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
                "world": world_fingerprint(config)}
     return {**key, **extra}
@@ -293,7 +305,8 @@ def main() -> None:
                 if name not in args.arms:
                     continue
                 # One file per budget: loops run with other settings take other real steps, and each keeps its baseline.
-                curves[name] = cached(directory / f"{name}-{seed}-{scale * budget}steps.json",
+                scored = "-score-data" if base.score_data else ""
+                curves[name] = cached(directory / f"{name}-{seed}-{scale * budget}steps{scored}.json",
                                       arm_key(base, name, budget=scale * budget),
                                       lambda scale=scale: real_arm(base, scale * budget, args.rounds),
                                       older=directory / f"{name}-{seed}.json")

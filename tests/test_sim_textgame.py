@@ -510,6 +510,22 @@ def test_score_data_scores_before_round_0_and_every_scoring_feeds_the_next_refit
         cotrain.run_cotrain(cotrain.CoTrainConfig(out=str(tmp_path / "x"), score_data=True))
 
 
+def test_with_score_data_the_real_env_dqn_learns_from_its_scorings_too(no_change_checkpoint, tmp_path, monkeypatch):
+    from agents import cotrain
+    from bench.sim_to_real import RealScoring, real_env
+
+    monkeypatch.chdir(tmp_path)
+    config = cotrain.CoTrainConfig(env=cotrain.TEXT_ENV, algo="dqn", checkpoint=str(no_change_checkpoint),
+                                   eval_episodes=2, sim_steps=16, horizon=3, score_data=True)
+    agent = cotrain.new_agent(config, real_env(config))
+    scoring = RealScoring(every=4, config=config)
+    agent.learn(8, callback=scoring)
+    scoring_steps = scoring.points[-1]["real_steps_total"] - 8
+    assert len(scoring.points) == 2 and scoring_steps >= 2
+    # Its replay buffer holds its own 8 steps and every scoring step.
+    assert agent.replay_buffer.size() == 8 + scoring_steps
+
+
 def test_the_text_refit_repeats_the_steps_that_win_up_to_win_share():
     from agents import cotrain
     from rlvr_gym.domains.textgame import wins

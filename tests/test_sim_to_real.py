@@ -30,12 +30,14 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
     before = arm_key(text, "real-1x", budget=100)
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
     assert arm_key(text, "real-1x", budget=100) != before
-    # Nor does where the loop runs, whether it learns from its real steps (its scorings' too), how its refits weight
-    # their data or whether its agent pretrains change the other arms.
-    dyna = replace(text, out="elsewhere", real_updates=True, win_share=0.2, surprise_on="outcome", pretrain_steps=64,
-                   score_data=True)
+    # Nor does where the loop runs, whether it learns from its real steps, how its refits weight their data or whether
+    # its agent pretrains change the other arms.
+    dyna = replace(text, out="elsewhere", real_updates=True, win_share=0.2, surprise_on="outcome", pretrain_steps=64)
     assert arm_key(dyna, "real-1x", budget=100) == arm_key(text, "real-1x", budget=100)
     assert arm_key(dyna, "frozen") == arm_key(text, "frozen")
+    # Whether scorings are data changes a real-env arm, which then learns from its own, not the frozen arm.
+    assert arm_key(replace(text, score_data=True), "real-1x", budget=100) != arm_key(text, "real-1x", budget=100)
+    assert arm_key(replace(text, score_data=True), "frozen") == arm_key(text, "frozen")
 
 
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
