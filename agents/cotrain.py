@@ -24,7 +24,8 @@ taken):
       games the agent plays);
   (c) agent: the SB3 agent goes on learning inside the refitted simulator for `sim_steps` steps (batched sub-envs);
   (d) score: the agent in the real env from held-out start states (tabletop) or a fixed set of the games (text),
-      and in the learned env from the same starts.
+      and in the learned env from the same starts. With `score_data` (text) a scoring is data as well: the agent is
+      also scored before round 0, and each scoring's episodes join the next round's (a) data.
 Every real step, for data or scoring, counts towards `real_steps_total`. Each phase writes its outputs before
 `state.json` records it finished, so a killed run resumes at the phase it was in with nothing lost. Scalars go to
 TensorBoard and `rounds.jsonl`; each phase has a progress bar.
