@@ -462,19 +462,17 @@ def collect_text(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out:
 def score_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, out: Path) -> tuple[float, int]:
     """`score_in_real`'s episodes (`agents.textgame.evaluate_in_real`: the same games, order and seeds, greedy),
     recorded in out/ as `collect_text` records its own: `CoTrainConfig.score_data`."""
+    from agents.textgame import scored_games
     from rlvr_gym.sim.textgame import load_start_states
 
-    order = np.random.default_rng(config.seed).permutation(len(load_start_states(world)))
-    games = [(int(order[e % len(order)]), config.seed + e) for e in range(config.eval_episodes)]
-    with tqdm(total=len(games), desc="score (real, recorded)", unit="episode", leave=False) as bar:
-        wins, steps = play_text(agent, config, world, iter(games), 0.0, np.random.default_rng(0), out, bar,
-                                per_episode=True)
+    games = scored_games(len(load_start_states(world)), config.eval_episodes, config.seed)
+    with tqdm(desc="score (real, recorded)", unit="step", leave=False) as bar:
+        wins, steps = play_text(agent, config, world, iter(games), 0.0, np.random.default_rng(0), out, bar)
     return float(np.mean(wins)), steps
 
 
 def play_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, games, exploration: float,
-              rng: np.random.Generator, out: Path, bar, budget: int | None = None,
-              per_episode: bool = False) -> tuple[list[bool], int]:
+              rng: np.random.Generator, out: Path, bar, budget: int | None = None) -> tuple[list[bool], int]:
     """The agent in the real games `games` yields ((start index, modulo the start states), reset seed), one episode
     each, until they run out or `budget` steps are taken (whole episodes); with probability `exploration` a step
     takes a uniformly random candidate. Every step a ByteSized32 record in out/transitions.jsonl.gz, and the steps
@@ -500,7 +498,7 @@ def play_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, games, ex
             previous, done = "", False
             while not done:
                 choices = min(len(info["candidates"]), n)
-                if choices and exploration and rng.random() < exploration:
+                if choices and rng.random() < exploration:
                     action = int(rng.integers(choices))
                 else:
                     action = int(agent.predict(obs, deterministic=True)[0])
@@ -512,9 +510,8 @@ def play_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, games, ex
                 records.append(textworld_record(name, len(records), start.objective, previous, step))
                 previous, done = info["command"], terminated or truncated
                 steps += 1
-                bar.update(0 if per_episode else 1)
+                bar.update()
             wins.append(bool(info["is_success"]))
-            bar.update(1 if per_episode else 0)
     finally:
         env.close()
     write_transitions(records, out)
@@ -570,11 +567,12 @@ def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) ->
 
     scorings = score_dirs(run_dir, state.round) if config.score_data else []
     collected = [run_dir / f"round_{r:02d}" / "real" for r in range(state.round + 1)]
-    seen = [record for directory in collected + scorings for record in records(directory)]
+    by_directory = [records(directory) for directory in collected + scorings]
+    seen = [record for part in by_directory for record in part]
     # GRPO's prompts: the agent's newest real steps, the round's collect and the scoring before it.
     newest = out / "real"
     if scorings:
-        newest = write_transitions(records(out / "real") + records(scorings[-1]), out / "newest").parent
+        newest = write_transitions(by_directory[len(collected) - 1] + by_directory[-1], out / "newest").parent
     won = [wins(r["current_score_state"], r["next_score_state"]) for r in seen]
     seen = weight_toward(seen, won, config.win_share)
     seen_file = write_transitions(seen, out / "seen")
@@ -619,10 +617,10 @@ def with_start_states(model_dir: Path, world: str) -> Path:
 
 def learned_success_text(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
     """From the games `agents.textgame.evaluate_in_real` scores the agent on, in the same order."""
+    from agents.textgame import scored_games
     from rlvr_gym.sim.textgame import TextGameDiscreteVectorEnv, load_start_states
 
-    order = np.random.default_rng(config.seed).permutation(len(load_start_states(world)))
-    games = [int(order[e % len(order)]) for e in range(episodes)]
+    games = [index for index, _ in scored_games(len(load_start_states(world)), episodes, config.seed)]
     width = min(episodes, config.num_envs)
     venv = TextGameDiscreteVectorEnv(width, world, max_steps=config.steps_per_episode,
                                      max_candidates=int(agent.action_space.n),
@@ -656,9 +654,9 @@ def check_config(config: CoTrainConfig) -> None:
         if config.task not in TASKS:
             raise ValueError(f"unknown task {config.task!r}: use one of {TASKS}")
     for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "n_steps", "calibration_replay"):
-        if getattr(config, name) < (0 if name == "real_steps" and config.score_data else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (--real-steps >= 0 with --score-data), got "
-                             f"{getattr(config, name)}")
+        least = 0 if name == "real_steps" and config.score_data else 1  # with score_data the scorings are data
+        if getattr(config, name) < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(config, name)}")
     if config.score_data and config.env != TEXT_ENV:
         raise ValueError("--score-data records the text games' scorings; the tabletop loop scores without recording")
     if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0 \
@@ -719,9 +717,10 @@ def run_cotrain(config: CoTrainConfig) -> dict:
         state.phase = START_SCORE if config.score_data else PHASES[0]
         save_state(state, out)
     if state.phase == START_SCORE:
-        score(agent, config, state, out, out / START_SCORE, writer, time.perf_counter())
+        score(agent, config, state, out / START_SCORE, writer, time.perf_counter())
         state.phase = PHASES[0]
         save_state(state, out)
+        save_rounds(state, out)
     while state.round < config.rounds:
         round_dir = out / f"round_{state.round:02d}"
         round_dir.mkdir(exist_ok=True)
@@ -749,18 +748,17 @@ def run_cotrain(config: CoTrainConfig) -> dict:
             state.phase = "score"
             save_state(state, out)
         if state.phase == "score":
-            score(agent, config, state, out, round_dir, writer, started)
+            score(agent, config, state, round_dir, writer, started)
             state.round, state.phase = state.round + 1, PHASES[0]
             save_state(state, out)
-            # Rewritten whole from the state, so a kill between the two writes leaves no round out or twice.
-            atomic_write_text(out / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in state.history))
+            save_rounds(state, out)
     env.close()
     writer.close()
     return state.history[-1] if state.history else {}
 
 
-def score(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path, round_dir: Path,
-          writer: SummaryWriter, started: float) -> None:
+def score(agent: BaseAlgorithm, config: CoTrainConfig, state: State, round_dir: Path, writer: SummaryWriter,
+          started: float) -> None:
     """(d) The agent's real success (its episodes recorded in round_dir/score with `score_data`) and its learned
     success from the same starts, appended to the state's history as the round's record."""
     if config.score_data:
@@ -768,8 +766,7 @@ def score(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path, 
     else:
         real_success, real_steps = score_in_real(agent, config, state.world)
     state.real_steps_total += real_steps
-    before_round_0 = round_dir.name == START_SCORE
-    record = {"round": -1 if before_round_0 else state.round, "real_steps_total": state.real_steps_total,
+    record = {"round": -1 if state.phase == START_SCORE else state.round, "real_steps_total": state.real_steps_total,
               "real_success": real_success,
               "learned_success": learned_success(agent, state.world, config, config.eval_episodes),
               "agent_steps": int(agent.num_timesteps), "world": state.world,
@@ -779,8 +776,12 @@ def score(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path, 
     writer.flush()
     log.info("round %d: %s", record["round"], record)
     state.history.append(record)
-    if before_round_0:
-        atomic_write_text(out / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in state.history))
+
+
+def save_rounds(state: State, out: Path) -> None:
+    """rounds.jsonl, rewritten whole from the saved state, so that a kill between the two writes leaves no round out
+    or twice."""
+    atomic_write_text(out / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in state.history))
 
 
 def score_dirs(out: Path, round: int) -> list[Path]:

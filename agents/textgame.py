@@ -187,6 +187,13 @@ def make_sim_env(checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT, seed: int =
     return env
 
 
+def scored_games(starts: int, episodes: int, seed: int) -> list[tuple[int, int]]:
+    """(start index, reset seed) of each episode `evaluate_in_real` plays: the start states in a seeded random order,
+    cycling when there are fewer."""
+    order = np.random.default_rng(seed).permutation(starts)
+    return [(int(order[e % len(order)]), seed + e) for e in range(episodes)]
+
+
 def evaluate_in_real(
     policy: Callable[[np.ndarray, dict[str, Any]], int] | Any,
     checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT,
@@ -207,11 +214,12 @@ def evaluate_in_real(
     # A model trained with other wrapper sizes sees the real env with those sizes.
     sizes = {"max_candidates": int(policy.action_space.n), "obs_dim": int(policy.observation_space.shape[0])} if is_model else {}
     env = RealTextWorldDiscreteEnv(checkpoint, max_steps, game_dir=game_dir, **sizes)
-    order = np.random.default_rng(seed).permutation(len(env.starts))
+    games = scored_games(len(env.starts), episodes, seed)
     wins, returns, lengths = [], [], []
     try:
         for e in range(episodes):
-            obs, info = env.reset(seed=seed + e, options={"index": int(order[e % len(order)])})
+            index, reset_seed = games[e]
+            obs, info = env.reset(seed=reset_seed, options={"index": index})
             total, done = 0.0, False
             while not done:
                 action = policy.predict(obs, deterministic=True)[0] if is_model else policy(obs, info)
