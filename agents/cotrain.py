@@ -567,12 +567,13 @@ def refit_text(config: CoTrainConfig, state: State, out: Path, run_dir: Path) ->
 
     scorings = score_dirs(run_dir, state.round) if config.score_data else []
     collected = [run_dir / f"round_{r:02d}" / "real" for r in range(state.round + 1)]
-    by_directory = [records(directory) for directory in collected + scorings]
-    seen = [record for part in by_directory for record in part]
+    collected_records = [records(directory) for directory in collected]
+    scored_records = [records(directory) for directory in scorings]
+    seen = [record for part in collected_records + scored_records for record in part]
     # GRPO's prompts: the agent's newest real steps, the round's collect and the scoring before it.
     newest = out / "real"
     if scorings:
-        newest = write_transitions(by_directory[len(collected) - 1] + by_directory[-1], out / "newest").parent
+        newest = write_transitions(collected_records[-1] + scored_records[-1], out / "newest").parent
     won = [wins(r["current_score_state"], r["next_score_state"]) for r in seen]
     seen = weight_toward(seen, won, config.win_share)
     seen_file = write_transitions(seen, out / "seen")
