@@ -245,12 +245,21 @@ def test_target_lists_removed_properties_under_x():
     assert _round_trip(current, both) == '{"m":[{"u":2,"p":{"isOn":true},"x":["age"]}]}'
 
 
-def test_target_writes_emptied_contents_as_empty_list():
+def test_target_writes_contents_as_what_is_gained_and_lost():
     emptied = _with(CURRENT, o1={"contains": []})
     del emptied["objects"][1:]
-    assert _round_trip(CURRENT, emptied) == '{"m":[{"u":1,"c":[]}],"r":[0,2]}'
+    assert _round_trip(CURRENT, emptied) == '{"m":[{"u":1,"-":[0,2]}],"r":[0,2]}'
     moved = _with(CURRENT, o1={"contains": ["agent (ID: 0)"]}, o0={"contains": ["kettle (ID: 2)"]})
-    assert _round_trip(CURRENT, moved) == '{"m":[{"u":1,"c":[0]},{"u":0,"c":[2]}]}'
+    assert _round_trip(CURRENT, moved) == '{"m":[{"u":1,"-":[2]},{"u":0,"+":[2]}]}'
+    swapped = _with(CURRENT, o1={"contains": ["agent (ID: 0)", "ghost", "ghost"]})
+    assert _round_trip(CURRENT, swapped) == '{"m":[{"u":1,"+":["ghost","ghost"],"-":[2]}]}'
+
+
+def test_whole_contents_written_with_c_still_parse():
+    # the form earlier checkpoints write: c replaces the object's contents
+    moved = _with(CURRENT, o1={"contains": ["agent (ID: 0)"]}, o0={"contains": ["kettle (ID: 2)"]})
+    diff, error = tg.parse_diff('{"m":[{"u":1,"c":[0]},{"u":0,"c":[2]}]}', CURRENT)
+    assert error is None and tg.states_match(tg.rebuild(CURRENT, diff), moved)
 
 
 def test_target_of_rename_and_type_change_lists_only_those():
@@ -335,10 +344,18 @@ def test_rename_reaches_containers_not_in_the_diff():
         ('{"m":[{"u":2,"n":"kettle","N":"kettle"}]}', "has both n (name without ID suffix) and N (full name)"),
         ('{"m":[{"u":2,"n":7}]}', "name must be a string"),
         ('{"m":[{"u":2,"t":null}]}', "type t must be a string"),
-        ('{"m":[{"u":2,"q":1}]}', "unknown object keys ['q']; allowed: u, n or N, t, p, x, c"),
+        ('{"m":[{"u":2,"q":1}]}', "unknown object keys ['q']; allowed: u, n or N, t, p, x, c or +/-"),
         ('{"m":[{"u":2,"c":[9]}]}', "contains uuid 9, which is not an object after the step"),
-        ('{"m":[{"u":2,"c":[1.5]}]}', "contains must list uuids"),
+        ('{"m":[{"u":2,"c":[1.5]}]}', "object 2 c must list uuids"),
         ('{"m":[{"u":2,"c":2}]}', "object 2 c must be a list"),
+        # contents gained (+) and lost (-): lists of uuids, only what the object holds is lost, not beside c
+        ('{"m":[{"u":1,"+":[9]}]}', "contains uuid 9, which is not an object after the step"),
+        ('{"m":[{"u":1,"+":0}]}', "object 1 + must be a list"),
+        ('{"m":[{"u":1,"-":[true]}]}', "object 1 - must list uuids"),
+        ('{"m":[{"u":1,"-":[3]}]}', "object 1 loses 3 (-), which it does not contain"),
+        ('{"m":[{"u":1,"-":[2,2]}]}', "object 1 loses 2 (-), which it does not contain"),
+        ('{"m":[{"u":1,"c":[0],"-":[2]}]}', "has both c (whole contents) and +/- (contents gained/lost)"),
+        ('{"m":[{"u":5,"n":"cup","t":"Cup","+":[2]}]}', "object 5 is created, so it has no contents to change"),
         ('{"m":[{"u":2,"p":{"isOn":true}},{"u":2,"p":{"isOn":true}}]}', "modified lists a uuid twice"),
         ('{"m":[{"u":2,"p":{"isOn":true}}],"r":[2]}', "both modified and removed"),
         # removed properties: existing ones, as a list of names, not also set
@@ -369,6 +386,7 @@ def test_parse_diff_reports_errors(text, error):
         '{"m":[{"u":2}]}',
         '{"m":[{"u":2,"n":"kettle","t":"Kettle","p":{"isOn":false,"temperature":20}}]}',
         '{"m":[{"u":1,"c":[2,0]}]}',  # contents are a multiset
+        '{"m":[{"u":1,"+":[2],"-":[2]}]}',
         '{"m":[{"u":2,"x":[]}]}',
     ],
 )
@@ -555,7 +573,7 @@ _VALID_TARGETS = [tg.format_target(tg.make_diff(t.current, t.next)) for t in loa
 _FIXTURE_PAIRS = [(t.current, t.next) for t in load_transitions(FIXTURE)]
 _JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 10) | st.floats(allow_nan=True) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(list("unNtpxcmrsgw") + ["isOn"]), inner, max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(list("unNtpxc+-mrsgw") + ["isOn"]), inner, max_size=5),
     max_leaves=30,
 )
 
@@ -573,6 +591,8 @@ _WIRE_OBJECTS = st.fixed_dictionaries(
         "p": st.dictionaries(_PROPERTY_NAMES, _PROPERTY_VALUES, max_size=4),
         "x": st.lists(_PROPERTY_NAMES, max_size=2) | _PROPERTY_VALUES,
         "c": st.lists(st.integers(-1, 6) | st.sampled_from(["water", "x"]), max_size=3),
+        "+": st.lists(st.integers(-1, 6) | st.sampled_from(["water", "x"]), max_size=3),
+        "-": st.lists(st.integers(-1, 6) | st.sampled_from(["water", "x"]), max_size=3),
     },
 )
 _WIRE_DIFFS = st.fixed_dictionaries(

@@ -16,10 +16,12 @@ action wins. An object is `{"u": uuid, "n": name, "t": type, "p": properties, "c
 Target: the diff, in the same compact JSON, `{"m": [object changes], "r": [removed uuids], "s": {changed score
 fields}}`; empty parts are left out, so "no change" is `{}`. An object change lists only what differs:
 - an object of the current state: `u` and, of its fields, those that change: `n`/`N` (renamed), `t` (new type),
-  `p` (the properties whose value changes or that are added), `x` (sorted names of removed properties), `c` (the
-  whole new contents, when they change as a multiset; `[]` when emptied). Gold targets never hold an entry that
-  changes nothing; a predicted one is read as the no-op it is (rejecting it ended most of the learned TextWorld
-  env's episodes, e.g. `{"u":4,"p":{"isLocked":true}}` for a box that stays locked);
+  `p` (the properties whose value changes or that are added), `x` (sorted names of removed properties), `+` and
+  `-` (the uuids its contents gain and lose, as multisets: taking key 7 from room 2 is `{"u":0,"+":[7]},
+  {"u":2,"-":[7]}`). `c` (the whole new contents) is also read, as earlier checkpoints write it, but not beside `+`
+  or `-`. Gold targets never hold an entry that changes nothing; a predicted one is read as the no-op it is
+  (rejecting it ended most of the learned TextWorld env's episodes, e.g. `{"u":4,"p":{"isLocked":true}}` for a box
+  that stays locked);
 - an object the action creates (its uuid is not in the current state): in full, as in the prompt (`n`/`N` and `t`
   required, a missing `p` or `c` is empty, no `x`).
 Changed objects used to be re-emitted in full; small models got which objects change and how, but garbled the
@@ -29,12 +31,13 @@ changed transition from 90 to 31 tokens on ByteSized32 train (p95 193 -> 84) and
 rebuild the same state. A target in the old full form is not always read as meant: its absent `c` meant empty and
 its absent properties removed, where here both mean unchanged.
 
-In Python a diff is `{"modified": [changes], "removed": [uuids], "score": {field: value}}`; a change is
-`{"uuid": u}` plus those of `name`, `type`, `properties`, `removed_properties`, `contains` (uuids) that it sets. The
-next state is rebuilt from the current one by merging each change into its object, or into an empty one for a created
-object. `parse_diff` rejects what cannot be rebuilt: malformed or truncated JSON, unknown keys, removed or contained
-uuids that do not exist, removed properties that do not exist or are also set, and an existing property whose value
-changes kind (boolean, number, string, list, object; null may become or replace any).
+In Python a diff is `{"modified": [changes], "removed": [uuids], "score": {field: value}}`; a change is `{"uuid": u}`
+plus those of `name`, `type`, `properties`, `removed_properties`, `contains`, `added_contents`, `removed_contents`
+(uuids) that it sets. The next state is rebuilt from the current one by merging each change into its object, or into
+an empty one for a created object. `parse_diff` rejects what cannot be rebuilt: malformed or truncated JSON, unknown
+keys, removed or contained uuids that do not exist, contents lost that the object does not hold, removed properties
+that do not exist or are also set, and an existing property whose value changes kind (boolean, number, string, list,
+object; null may become or replace any).
 
 Objects created by the action (e.g. water from a tap) count here: they appear in the diff and a prediction is
 correct only if it creates them. The benchmark's own scorer drops them; we keep them because a simulator that
@@ -58,6 +61,7 @@ import json
 import math
 import random
 import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -83,8 +87,9 @@ class State(TypedDict):
 SCORE_FIELDS = ("score", "gameOver", "gameWon")
 _SCORE_KEYS = {"score": "s", "gameOver": "g", "gameWon": "w"}
 _SCORE_FIELD_OF = {v: k for k, v in _SCORE_KEYS.items()}
-_OBJECT_KEYS = {"u", "n", "N", "t", "p", "x", "c"}
-_CHANGE_KEYS = {"type": "t", "properties": "p", "removed_properties": "x", "contains": "c"}
+_OBJECT_KEYS = {"u", "n", "N", "t", "p", "x", "c", "+", "-"}
+_CHANGE_KEYS = {"type": "t", "properties": "p", "removed_properties": "x", "contains": "c", "added_contents": "+",
+                "removed_contents": "-"}
 # what a created object is changed from: every field differs, so its change lists it in full
 _NOTHING = {"name": None, "type": None, "properties": {}, "contains": []}
 _DIFF_KEYS = {"m", "r", "s"}
@@ -303,7 +308,7 @@ def _parse_diff(text: str, current: State) -> dict[str, Any]:
         raise _DiffError(f"expected a JSON object {{m, r, s}}, got {type(wire).__name__}")
     if unknown := set(wire) - _DIFF_KEYS:
         raise _DiffError(f"unknown diff keys {sorted(unknown)}; allowed: m (modified), r (removed), s (score)")
-    current_objects = {o["uuid"]: o for o in current["objects"]}
+    current_objects = {o["uuid"]: o for o in _by_uuid_contents(current)}
     current_uuids = current_objects.keys()
 
     removed = _list(wire.get("r", []), "r")
@@ -323,7 +328,7 @@ def _parse_diff(text: str, current: State) -> dict[str, Any]:
         raise _DiffError(f"uuids {sorted(both)} are both modified and removed")
     present = (current_uuids - set(removed)) | set(uuids)
     for o in modified:
-        for c in o.get("contains", []):
+        for c in o.get("contains", []) + o.get("added_contents", []):
             if _is_int(c) and c not in present:
                 raise _DiffError(f"object {o['uuid']} contains uuid {c}, which is not an object after the step")
 
@@ -345,7 +350,7 @@ def _parse_change(wire: Any, current_objects: dict[int, dict[str, Any]]) -> dict
     if not isinstance(wire, dict):
         raise _DiffError(f"a modified object must be a JSON object, got {type(wire).__name__}")
     if unknown := set(wire) - _OBJECT_KEYS:
-        raise _DiffError(f"unknown object keys {sorted(unknown)}; allowed: u, n or N, t, p, x, c")
+        raise _DiffError(f"unknown object keys {sorted(unknown)}; allowed: u, n or N, t, p, x, c or +/-")
     uuid = wire.get("u")
     if not _is_int(uuid):
         raise _DiffError(f"object uuid u must be an integer, got {uuid!r}")
@@ -368,13 +373,27 @@ def _parse_change(wire: Any, current_objects: dict[int, dict[str, Any]]) -> dict
         change["properties"] = _parse_properties(wire["p"], uuid, old)
     if "x" in wire:
         change["removed_properties"] = _parse_removed_properties(wire["x"], uuid, old, change.get("properties", {}))
-    if "c" in wire:
-        contains = _list(wire["c"], f"object {uuid} c")
-        for c in contains:
-            if not (_is_int(c) or isinstance(c, str)):
-                raise _DiffError(f"object {uuid} contains must list uuids, got {c!r}")
-        change["contains"] = contains
+    if "c" in wire and {"+", "-"} & wire.keys():
+        raise _DiffError(f"object {uuid} has both c (whole contents) and +/- (contents gained/lost); write one")
+    if old is None and {"+", "-"} & wire.keys():
+        raise _DiffError(f"object {uuid} is created, so it has no contents to change: list them in full with c")
+    for key, field in (("c", "contains"), ("+", "added_contents"), ("-", "removed_contents")):
+        if key in wire:
+            change[field] = _contents(wire[key], f"object {uuid} {key}")
+    left = list(old["contains"]) if old is not None else []
+    for c in change.get("removed_contents", []):
+        if c not in left:
+            raise _DiffError(f"object {uuid} loses {c!r} (-), which it does not contain")
+        left.remove(c)
     return change
+
+
+def _contents(value: Any, where: str) -> list:
+    contents = _list(value, where)
+    for c in contents:
+        if not (_is_int(c) or isinstance(c, str)):
+            raise _DiffError(f"{where} must list uuids, got {c!r}")
+    return contents
 
 
 def _parse_properties(properties: Any, uuid: int, old: dict[str, Any] | None) -> dict[str, Any]:
@@ -416,9 +435,22 @@ def _object_change(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         change["properties"] = properties
     if removed := sorted(before.keys() - new["properties"].keys()):
         change["removed_properties"] = removed
-    if sorted(map(_canon, new["contains"])) != sorted(map(_canon, old["contains"])):
-        change["contains"] = new["contains"]
+    if old is _NOTHING:
+        if new["contains"]:
+            change["contains"] = new["contains"]
+        return change
+    # An existing object's contents change by what it gains and loses: a move names the moved object twice, where
+    # whole lists made the model copy every other uuid of both containers.
+    had, has = Counter(old["contains"]), Counter(new["contains"])
+    if added := sorted((has - had).elements(), key=_uuid_first):
+        change["added_contents"] = added
+    if lost := sorted((had - has).elements(), key=_uuid_first):
+        change["removed_contents"] = lost
     return change
+
+
+def _uuid_first(item: int | str) -> tuple:
+    return (isinstance(item, str), item)
 
 
 def _apply_change(old: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
@@ -428,8 +460,15 @@ def _apply_change(old: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]
         "uuid": change["uuid"],
         "type": change.get("type", old["type"]),
         "properties": {k: v for k, v in old["properties"].items() if k not in removed} | change.get("properties", {}),
-        "contains": change.get("contains", old["contains"]),
+        "contains": _changed_contents(change.get("contains", old["contains"]), change),
     }
+
+
+def _changed_contents(contents: list, change: dict[str, Any]) -> list:
+    contents = list(contents)
+    for c in change.get("removed_contents", ()):
+        contents.remove(c)
+    return contents + list(change.get("added_contents", ()))
 
 
 def _by_uuid_contents(state: State) -> list[dict[str, Any]]:
