@@ -21,23 +21,25 @@ fields}}`; empty parts are left out, so "no change" is `{}`. An object change li
   {"u":2,"-":[7]}`). `c` (the whole new contents) is also read, as earlier checkpoints write it, but not beside `+`
   or `-`. Gold targets never hold an entry that changes nothing; a predicted one is read as the no-op it is
   (rejecting it ended most of the learned TextWorld env's episodes, e.g. `{"u":4,"p":{"isLocked":true}}` for a box
-  that stays locked);
+  that stays locked), and so is a `-` of what the object does not hold (a wrong uuid: rejecting it ended 75-100% of
+  the learned env's episodes in `rlvr-gym evaluate-policies textgame`);
 - an object the action creates (its uuid is not in the current state): in full, as in the prompt (`n`/`N` and `t`
   required, a missing `p` or `c` is empty, no `x`).
-Changed objects used to be re-emitted in full; small models got which objects change and how, but garbled the
-fields they had to copy (room names, exits, property dicts). Listing only changed fields cuts the mean target of a
-changed transition from 90 to 31 tokens on ByteSized32 train (p95 193 -> 84) and from 101 to 23 on TextWorld
-(p95 129 -> 33), with the textgame-sft tokenizer. Unchanged fields repeated next to a change are accepted: they
-rebuild the same state. A target in the old full form is not always read as meant: its absent `c` meant empty and
+Changed objects used to be re-emitted in full; small models got which objects change and how, but garbled the fields
+they had to copy (room names, exits, property dicts). Listing only changed fields cuts the mean target of a changed
+transition from 90 to 31 tokens on ByteSized32 train (p95 193 -> 84) and from 101 to 23 on TextWorld (p95 129 -> 33),
+with the textgame-sft tokenizer. Whole contents lists made the model copy every other uuid of both containers of a
+move or a take; `+`/`-` name the moved object twice. Thirty SFT minutes from textgame-sft in each form: changed
+accuracy on held-out TextWorld games 0.442 against 0.115. Unchanged fields repeated next to a change are accepted:
+they rebuild the same state. A target in the old full form is not always read as meant: its absent `c` meant empty and
 its absent properties removed, where here both mean unchanged.
 
 In Python a diff is `{"modified": [changes], "removed": [uuids], "score": {field: value}}`; a change is `{"uuid": u}`
 plus those of `name`, `type`, `properties`, `removed_properties`, `contains`, `added_contents`, `removed_contents`
 (uuids) that it sets. The next state is rebuilt from the current one by merging each change into its object, or into
 an empty one for a created object. `parse_diff` rejects what cannot be rebuilt: malformed or truncated JSON, unknown
-keys, removed or contained uuids that do not exist, contents lost that the object does not hold, removed properties
-that do not exist or are also set, and an existing property whose value changes kind (boolean, number, string, list,
-object; null may become or replace any).
+keys, removed or contained uuids that do not exist, removed properties that do not exist or are also set, and an
+existing property whose value changes kind (boolean, number, string, list, object; null may become or replace any).
 
 Objects created by the action (e.g. water from a tap) count here: they appear in the diff and a prediction is
 correct only if it creates them. The benchmark's own scorer drops them; we keep them because a simulator that
@@ -380,11 +382,6 @@ def _parse_change(wire: Any, current_objects: dict[int, dict[str, Any]]) -> dict
     for key, field in (("c", "contains"), ("+", "added_contents"), ("-", "removed_contents")):
         if key in wire:
             change[field] = _contents(wire[key], f"object {uuid} {key}")
-    left = list(old["contains"]) if old is not None else []
-    for c in change.get("removed_contents", []):
-        if c not in left:
-            raise _DiffError(f"object {uuid} loses {c!r} (-), which it does not contain")
-        left.remove(c)
     return change
 
 
@@ -439,8 +436,7 @@ def _object_change(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         if new["contains"]:
             change["contains"] = new["contains"]
         return change
-    # An existing object's contents change by what it gains and loses: a move names the moved object twice, where
-    # whole lists made the model copy every other uuid of both containers.
+    # an existing object's contents change by what it gains and loses (the module docstring says why)
     had, has = Counter(old["contains"]), Counter(new["contains"])
     if added := sorted((has - had).elements(), key=_uuid_first):
         change["added_contents"] = added
@@ -467,7 +463,8 @@ def _apply_change(old: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]
 def _changed_contents(contents: list, change: dict[str, Any]) -> list:
     contents = list(contents)
     for c in change.get("removed_contents", ()):
-        contents.remove(c)
+        if c in contents:
+            contents.remove(c)
     return contents + list(change.get("added_contents", ()))
 
 
