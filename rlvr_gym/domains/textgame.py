@@ -310,7 +310,7 @@ def _parse_diff(text: str, current: State) -> dict[str, Any]:
         raise _DiffError(f"expected a JSON object {{m, r, s}}, got {type(wire).__name__}")
     if unknown := set(wire) - _DIFF_KEYS:
         raise _DiffError(f"unknown diff keys {sorted(unknown)}; allowed: m (modified), r (removed), s (score)")
-    current_objects = {o["uuid"]: o for o in _by_uuid_contents(current)}
+    current_objects = {o["uuid"]: o for o in current["objects"]}
     current_uuids = current_objects.keys()
 
     removed = _list(wire.get("r", []), "r")
