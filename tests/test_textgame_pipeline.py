@@ -19,7 +19,7 @@ from rlvr_gym.data.textgame import (
     train_tokenizer,
     transition_texts,
 )
-from rlvr_gym.domains.textgame import is_changed, parse_diff, rebuild, states_match
+from rlvr_gym.domains.textgame import is_changed, parse_diff, rebuild, states_match, wins
 from rlvr_gym.evaluation.textgame import TextGameEvalConfig, run_textgame_eval
 from rlvr_gym.files import read_log
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, load_model
@@ -31,6 +31,7 @@ from rlvr_gym.train.textgame import (
     run_textgame_rlvr,
     run_textgame_sft,
     weight_toward,
+    weight_wins,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,6 +142,22 @@ def test_rlvr_surprise_prompts_repeat_the_transitions_the_model_gets_wrong(sft_r
         run_textgame_rlvr(TextGameRLVRConfig(run_dir=str(tmp_path / "x"), surprise_prompts=1.0))
     with pytest.raises(ValueError, match="surprise-on"):
         run_textgame_rlvr(TextGameRLVRConfig(run_dir=str(tmp_path / "x"), surprise_on="frames"))
+
+
+def test_win_share_repeats_the_winning_steps_and_sft_trains_on_them(tmp_path, caplog):
+    transitions = load_transitions(FIXTURE)
+    assert sum(wins(t.current, t.next) for t in transitions) == 1  # of 5
+    mixed = weight_wins(transitions, 0.5)
+    won = [t for t in mixed if wins(t.current, t.next)]
+    assert len(won) == 4 and len(mixed) == 8 and {id(t) for t in won} == {id(won[0])}
+    assert weight_wins(transitions, 0.0) == transitions
+    with pytest.raises(ValueError, match="win-share"):
+        weight_wins(transitions, 1.0)
+    with caplog.at_level("INFO", logger="rlvr_gym"):
+        run_textgame_sft(sft_config(tmp_path, balance=None, eval_data="", win_share=0.5,
+                                    sft=SFTConfig(steps=1, batch_size=2, micro_batch=2, save_every=1)))
+    assert any("1 of 5 transitions win a game" in m for m in caplog.messages)
+    assert json.loads((tmp_path / "data_stats.json").read_text())["kept"] == 8
 
 
 def chain_model(tokenizer, chain: list[int], path: Path) -> Path:

@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from rlvr_gym.data.bytesized32 import load_transitions
+from rlvr_gym.data.bytesized32 import Transition, load_transitions
 from rlvr_gym.data.textgame import (
     default_train_data,
     default_valid_data,
@@ -36,7 +36,7 @@ from rlvr_gym.data.textgame import (
     train_tokenizer,
     transition_texts,
 )
-from rlvr_gym.domains.textgame import DEFAULT_BALANCE, REWARDS, accuracy_table, binary_reward, outcome_matches
+from rlvr_gym.domains.textgame import DEFAULT_BALANCE, REWARDS, accuracy_table, binary_reward, outcome_matches, wins
 from rlvr_gym.files import atomic_write_text
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model, load_tokenizer, parameter_count
 from rlvr_gym.models.sampler import sample_texts
@@ -102,6 +102,9 @@ class TextGameSFTConfig:
     max 335 tokens)."""
     balance: tuple[int, int] | None = (100, 40)
     """Resample to this changed:unchanged ratio, keeping all of the scarcer kind (None: the data's own mix)."""
+    win_share: float = 0.0
+    """Least share of the examples from steps that win a game, the winning ones repeated to reach it: wins are about 2% of
+    the mix, and they are what a learned env pays on (0: the data's own mix)."""
     eval_accuracy_examples: int = 64
     """Held-out transitions decoded greedily for eval/accuracy at each evaluation (0: loss only)."""
     eval_batch_size: int = 16
@@ -124,6 +127,7 @@ def run_textgame_sft(config: TextGameSFTConfig) -> Path:
     d = setup_processes(config.sft.threads)
     check_run(root, config, d.is_main)
     train = load_training_transitions(config.data, config.textworld, config.balance, config.seed, config.textworld_copies)
+    train = weight_wins(train, config.win_share)
     model_dir = Path(config.model) if config.model else root / "init"
     if not config.model:
         if d.is_main and not (config.resume and (model_dir / "tokenizer.json").is_file()):
@@ -193,6 +197,9 @@ class TextGameRLVRConfig:
     """Held-out transitions for eval/accuracy (empty: no evaluation)."""
     balance: tuple[int, int] | None = None
     """changed:unchanged ratio of the prompts; None: the paper's, 100:40 for the binary reward and 100:5 for task."""
+    win_share: float = 0.0
+    """Least share of the prompts from steps that win a game, the winning ones repeated to reach it: wins are about 2% of
+    the mix, and they are what a learned env pays on (0: the data's own mix)."""
     max_prompt_tokens: int = 1024
     """Prompts longer than this are dropped; so are transitions whose gold target exceeds grpo.max_new_tokens."""
     eval_accuracy_examples: int = 64
@@ -232,6 +239,17 @@ def weight_toward(transitions: list, flags: list[bool], fraction: float) -> list
     return flagged * copies + others
 
 
+def weight_wins(transitions: list[Transition], share: float) -> list[Transition]:
+    """The transitions with the winning steps repeated until they make at least `share` of them."""
+    if not 0 <= share < 1:
+        raise ValueError(f"--win-share is a fraction in [0, 1), got {share}")
+    if share == 0:
+        return transitions
+    flags = [wins(t.current, t.next) for t in transitions]
+    log.info("%d of %d transitions win a game, repeated to at least %g of them", sum(flags), len(flags), share)
+    return weight_toward(transitions, flags, share)
+
+
 def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
     """Improve a text world model with GRPO on the binary or task reward; returns the final model's directory."""
     if config.reward not in REWARDS:
@@ -246,6 +264,7 @@ def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
     tokenizer = load_tokenizer(config.model)
     ratio = config.balance or DEFAULT_BALANCE[config.reward]
     train = load_training_transitions(config.data, config.textworld, ratio, config.seed, config.textworld_copies)
+    train = weight_wins(train, config.win_share)
     if config.surprise_prompts > 0:
         model, _ = load_model(config.model)
         # Prompts too long to train on are dropped below anyway: not worth predicting.
