@@ -156,6 +156,10 @@ class CoTrainConfig:
     """Agent steps inside the starting simulator before the first real step (they take no real steps): the first
     collect then follows a policy that has learned the simulator's games, and visits the states near success that
     the refit needs, instead of a random policy's."""
+    pretrain_checkpoint: str = ""
+    """The simulator the pretraining runs in (a shipped name or a directory); empty: the starting world model. A
+    model that ranks policies as the real env does can teach the first policy, while the refits start from one that
+    predicts single steps better."""
     score_data: bool = False
     """Text: every scoring is data too. The agent is also scored before round 0 (after any pretraining; its record is
     round -1), and each scoring's real episodes (greedy, the games `score_in_real` plays) join the next refit's data,
@@ -192,13 +196,18 @@ class State:
 
 
 def resolve_world(config: CoTrainConfig) -> str:
+    return world_dir(config, config.world_checkpoint)
+
+
+def world_dir(config: CoTrainConfig, name: str) -> str:
+    """The directory of a world model of the loop's env: a shipped name or a directory."""
     if config.env == RT1_ENV:
         from rlvr_gym.models.robot_world_model import RobotWorldModel
 
-        return str(RobotWorldModel.resolve(config.world_checkpoint))
-    from rlvr_gym.models.lm import resolve_checkpoint
+        return str(RobotWorldModel.resolve(name))
+    from rlvr_gym.models.lm import resolve_checkpoint as resolve_lm
 
-    return str(resolve_checkpoint(config.world_checkpoint))
+    return str(resolve_lm(name))
 
 
 def load_state(config: CoTrainConfig, out: Path) -> State:
@@ -672,6 +681,10 @@ def check_config(config: CoTrainConfig) -> None:
         raise ValueError(f"--win-share is a fraction in [0, 1), got {config.win_share}")
     if config.env == TEXT_ENV and config.exploration > 1:
         raise ValueError(f"--exploration is a probability for the text games, got {config.exploration}")
+    if config.pretrain_checkpoint:
+        if not config.pretrain_steps:
+            raise ValueError("--pretrain-checkpoint is the simulator of the pretraining: give --pretrain-steps too")
+        world_dir(config, config.pretrain_checkpoint)  # a missing one fails now, not after a round
 
 
 def load_agent(config: CoTrainConfig, path: Path, env) -> BaseAlgorithm:
@@ -712,7 +725,13 @@ def run_cotrain(config: CoTrainConfig) -> dict:
     if saved is not None:
         agent = load_agent(config, saved, env)
     if state.phase == PRETRAIN:
-        learn_in_sim(agent, env, config, config.pretrain_steps, "pretrain (starting sim)")
+        pretrain_env = make_sim_env(config, world_dir(config, config.pretrain_checkpoint)) \
+            if config.pretrain_checkpoint else env
+        agent.set_env(pretrain_env)
+        learn_in_sim(agent, pretrain_env, config, config.pretrain_steps, "pretrain")
+        if pretrain_env is not env:
+            pretrain_env.close()
+            agent.set_env(env)
         (out / PRETRAIN).mkdir(exist_ok=True)
         save_agent(agent, out / PRETRAIN, out)
         state.phase = START_SCORE if config.score_data else PHASES[0]

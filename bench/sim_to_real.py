@@ -157,7 +157,7 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     else:
         # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
         # agent pretrains do not change the other arms. Whether scorings are data changes the real-env arms too.
-        loop_only = ("out", "real_updates", "win_share", "surprise_on", "pretrain_steps",
+        loop_only = ("out", "real_updates", "win_share", "surprise_on", "pretrain_steps", "pretrain_checkpoint",
                      *(() if arm.startswith("real") else ("score_data",)))
         key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
                "world": world_fingerprint(config)}
@@ -200,6 +200,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
     label = f"{label}+replay" if args.text_replay and env == TEXT_ENV else label
     label = f"{label}+pretrain{args.pretrain_steps}" if args.pretrain_steps else label
+    label = f"{label}-in-{path_label(args.pretrain_checkpoint)}" if args.pretrain_checkpoint else label
     label = f"{label}+score-data" if args.score_data and env == TEXT_ENV else label
     return label if checkpoint == DEFAULT_CHECKPOINTS[env] else f"{label}+{path_label(checkpoint)}"
 
@@ -263,6 +264,9 @@ def main() -> None:
     parser.add_argument("--pretrain-steps", type=int, default=0,
                         help="agent steps in the starting simulator before the first real step "
                              "(`CoTrainConfig.pretrain_steps`)")
+    parser.add_argument("--pretrain-checkpoint", default="",
+                        help="the world model the pretraining runs in; empty: the starting one "
+                             "(`CoTrainConfig.pretrain_checkpoint`)")
     parser.add_argument("--score-data", action="store_true",
                         help="text: the loop's scorings are data too, and it scores before round 0 "
                              "(`CoTrainConfig.score_data`)")
@@ -285,7 +289,8 @@ def main() -> None:
             label = arm_label(task, args)
             base = CoTrainConfig(rounds=args.rounds, real_steps=args.real_steps, sim_steps=sim_steps,
                                  eval_episodes=args.eval_episodes, mle_steps=args.mle_steps, grpo_steps=args.grpo_steps,
-                                 pretrain_steps=args.pretrain_steps, seed=seed, **domain)
+                                 pretrain_steps=args.pretrain_steps, pretrain_checkpoint=args.pretrain_checkpoint,
+                                 seed=seed, **domain)
             base = replace(base, out=str(loop_dir(OUT / "sim_to_real" / label, "loop", base)))
             mle_only = replace(base, grpo_steps=0)
             arms = {"loop": base,

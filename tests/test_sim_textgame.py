@@ -472,6 +472,30 @@ def test_pretraining_in_the_starting_sim_takes_no_real_steps_and_a_kill_after_it
         cotrain.run_cotrain(replace(config, out=str(tmp_path / "x"), pretrain_steps=-1))
 
 
+def test_pretraining_in_another_simulator_then_the_loop_goes_on_in_the_starting_one(no_change_checkpoint, tmp_path,
+                                                                                    monkeypatch):
+    from agents import cotrain
+
+    monkeypatch.chdir(tmp_path)
+    other = shutil.copytree(no_change_checkpoint, tmp_path / "other")
+    made = []
+    make_sim_env = cotrain.make_sim_env
+    monkeypatch.setattr(cotrain, "make_sim_env", lambda config, world: made.append(world) or make_sim_env(config, world))
+    config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), env=cotrain.TEXT_ENV, algo="dqn",
+                                   checkpoint=str(no_change_checkpoint), rounds=1, real_steps=4, eval_episodes=1,
+                                   sim_steps=16, num_envs=2, horizon=3, mle_steps=1, grpo_steps=0, pretrain_steps=24,
+                                   pretrain_checkpoint=str(other))
+    record = cotrain.run_cotrain(config)
+    # the agent's env, the pretraining's, then the round's refitted model's
+    assert made[:2] == [str(no_change_checkpoint), str(other)] and "round_00" in made[2]
+    assert record["agent_steps"] == 24 + 16
+    with pytest.raises(ValueError, match="give --pretrain-steps"):
+        cotrain.run_cotrain(replace(config, out=str(tmp_path / "x"), pretrain_steps=0))
+    with pytest.raises(CheckpointError, match="neither a directory nor a shipped name"):
+        cotrain.run_cotrain(replace(config, out=str(tmp_path / "y"), pretrain_checkpoint=str(tmp_path / "missing")))
+    assert not (tmp_path / "y" / "state.json").exists()
+
+
 def test_score_data_scores_before_round_0_and_every_scoring_feeds_the_next_refit(no_change_checkpoint, tmp_path,
                                                                                  monkeypatch):
     import gzip
