@@ -43,7 +43,7 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
     args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, real_updates=False,
                               win_share=0.0, surprise_on="state", text_replay="", pretrain_steps=0,
-                              score_data=False)
+                              pretrain_checkpoint="", score_data=False)
     assert arm_label("close_drawer", args) == "close_drawer"
     assert arm_label("text", args) == "text"
     assert arm_label("close_drawer", replace_args(args, shaping=0.2)) == "close_drawer+shaping0.2"
@@ -60,6 +60,9 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
         == "text+real-updates+win0.2+surprise-outcome+replay"
     assert arm_label("text", replace_args(args, pretrain_steps=4096)) == "text+pretrain4096"
     assert arm_label("text", replace_args(args, pretrain_steps=4096, score_data=True)) == "text+pretrain4096+score-data"
+    assert arm_label("text", replace_args(args, pretrain_steps=4096, pretrain_checkpoint="textgame-rlvr",
+                                          text_checkpoint="runs/y/final")) \
+        == "text+pretrain4096-in-textgame-rlvr+runs_y_final"
 
 
 def replace_args(args: argparse.Namespace, **changes) -> argparse.Namespace:
