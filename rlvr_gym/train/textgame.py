@@ -103,8 +103,8 @@ class TextGameSFTConfig:
     balance: tuple[int, int] | None = (100, 40)
     """Resample to this changed:unchanged ratio, keeping all of the scarcer kind (None: the data's own mix)."""
     win_share: float = 0.0
-    """Least share of the examples from steps that win a game, the winning ones repeated to reach it: wins are about 2% of
-    the mix, and they are what a learned env pays on (0: the data's own mix)."""
+    """Least share of the examples from steps that win a game, the winning ones repeated to reach it: wins are about 4%
+    of the balanced mix, and they are what a learned env pays on (0: the data's own mix)."""
     eval_accuracy_examples: int = 64
     """Held-out transitions decoded greedily for eval/accuracy at each evaluation (0: loss only)."""
     eval_batch_size: int = 16
@@ -198,8 +198,8 @@ class TextGameRLVRConfig:
     balance: tuple[int, int] | None = None
     """changed:unchanged ratio of the prompts; None: the paper's, 100:40 for the binary reward and 100:5 for task."""
     win_share: float = 0.0
-    """Least share of the prompts from steps that win a game, the winning ones repeated to reach it: wins are about 2% of
-    the mix, and they are what a learned env pays on (0: the data's own mix)."""
+    """Least share of the prompts from steps that win a game, the winning ones repeated to reach it: wins are about 4%
+    of the balanced mix, and they are what a learned env pays on (0: the data's own mix)."""
     max_prompt_tokens: int = 1024
     """Prompts longer than this are dropped; so are transitions whose gold target exceeds grpo.max_new_tokens."""
     eval_accuracy_examples: int = 64
