@@ -15,7 +15,7 @@ import rlvr_gym  # noqa: F401  (registers the env ids)
 from agents.textgame import RealTextWorldDiscreteEnv, evaluate_in_real, make_sim_env
 from envs.textworld import TextWorldGame, make_game
 from rlvr_gym.data.textgame import train_tokenizer
-from rlvr_gym.domains.textgame import format_prompt, states_match
+from rlvr_gym.domains.textgame import format_prompt, format_target, make_diff, parse_diff, rebuild, states_match
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.sim.textgame import (
     CHARSET,
@@ -32,6 +32,7 @@ from rlvr_gym.sim.textgame import (
     command_for,
     discrete_spaces,
     encode_observation,
+    in_textworld_order,
     load_start_states,
     open_real_game,
     render_state,
@@ -362,6 +363,32 @@ def test_an_sb3_model_trains_in_the_vector_env(no_change_checkpoint):
 
 
 # ---------------------------------------------------------------------------------------------------- real counterpart
+
+
+def test_a_correct_prediction_gives_the_model_the_real_next_prompt(game_dir):
+    # The simulator rebuilds each next state from the model's diff; a diff that is right must leave the next prompt
+    # exactly as the real game's, contents order included, or later steps are predicted from prompts unlike any real one.
+    rng = np.random.default_rng(1)
+    reordered = 0
+    for seed in SEEDS:
+        game = TextWorldGame(make_game(seed, game_dir, **SIZE))
+        try:
+            state = game.reset()
+            for _ in range(25):
+                command = game.admissible_commands[rng.integers(len(game.admissible_commands))]
+                next_state, _, done = game.step(command)
+                diff, error = parse_diff(format_target(make_diff(state, next_state)), state)
+                assert error is None
+                rebuilt = rebuild(state, diff)
+                reordered += rebuilt != next_state
+                assert in_textworld_order(rebuilt) == next_state
+                assert format_prompt(in_textworld_order(rebuilt), "look", "q") == format_prompt(next_state, "look", "q")
+                state = next_state
+                if done:
+                    break
+        finally:
+            game.close()
+    assert reordered  # taking and dropping things reorders contents, so the walk has exercised the ordering
 
 
 def test_real_env_starts_where_the_sim_does_and_plays_the_walkthrough(no_change_checkpoint, game_dir):

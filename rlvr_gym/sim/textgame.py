@@ -371,6 +371,19 @@ def _compact(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------------- simulator core
 
 
+def in_textworld_order(state: State) -> State:
+    """`state` listed as the real TextWorld env lists it (`envs.textworld.state_from_facts`): objects, and each
+    object's contents, in uuid order. `rebuild` appends what a step adds to a container; left there, the next prompt
+    shows the model an order it never saw in a real TextWorld state."""
+    uuid_of = {o["name"]: o["uuid"] for o in state["objects"]}
+
+    def rank(name: Any) -> tuple:
+        return (0, uuid_of[name], "") if name in uuid_of else (1, 0, str(name))
+
+    objects = sorted(state["objects"], key=lambda o: o["uuid"])
+    return {**state, "objects": [{**o, "contains": sorted(o["contains"], key=rank)} for o in objects]}
+
+
 @dataclass
 class Rollout:
     """One episode in the learned simulator."""
@@ -472,7 +485,7 @@ class TextGameSimulator:
             r.halted = self.guard.halts(r.uncertainty)
             diff, r.error = parse_diff(r.completion, r.state)
             if diff is not None:
-                next_state = rebuild(r.state, diff)
+                next_state = in_textworld_order(rebuild(r.state, diff))
                 gained = float(next_state["score"]) - float(r.state["score"])
                 r.reward = (0.0 if r.halted else gained) - self.guard.penalty * r.uncertainty
                 r.state = next_state
