@@ -255,6 +255,17 @@ def test_target_writes_contents_as_what_is_gained_and_lost():
     assert _round_trip(CURRENT, swapped) == '{"m":[{"u":1,"+":["ghost","ghost"],"-":[2]}]}'
 
 
+def test_whole_contents_form_writes_c_and_rebuilds_the_same_state():
+    moved = _with(CURRENT, o1={"contains": ["agent (ID: 0)"]}, o0={"contains": ["kettle (ID: 2)"]})
+    target = tg.format_target(tg.make_diff(CURRENT, moved, contents="whole"))
+    assert target == '{"m":[{"u":1,"c":[0]},{"u":0,"c":[2]}]}'
+    diff, error = tg.parse_diff(target, CURRENT)
+    assert error is None and tg.states_match(tg.rebuild(CURRENT, diff), moved)
+    assert tg.make_diff(CURRENT, HEATED, contents="whole") == tg.make_diff(CURRENT, HEATED)  # contents unchanged
+    with pytest.raises(ValueError, match="contents"):
+        tg.make_diff(CURRENT, moved, contents="lists")
+
+
 def test_whole_contents_written_with_c_still_parse():
     # the form earlier checkpoints write: c replaces the object's contents
     moved = _with(CURRENT, o1={"contains": ["agent (ID: 0)"]}, o0={"contains": ["kettle (ID: 2)"]})

@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rlvr_gym.data.bytesized32 import load_transitions
 from rlvr_gym.data.textgame import (
     collect_textworld,
+    contents_form,
     load_training_transitions,
     target_text,
     train_tokenizer,
@@ -85,6 +86,24 @@ def test_sft_writes_a_loadable_model_with_its_tokenizer_and_length_report(sft_ru
     final_eval = [r for r in log if "eval/accuracy" in r][-1]
     assert {"eval/loss", "eval/accuracy", "eval/accuracy_changed", "eval/parse_failure_rate"} <= set(final_eval)
     assert log[0]["time/tokens_per_s"] > 0
+
+
+def test_sft_records_the_contents_form_and_a_fine_tune_keeps_it(sft_run, tmp_path):
+    # from scratch: +/-, recorded in the model's config; a fine-tune of a model that writes whole lists (c), as the
+    # shipped ones do, keeps writing them unless told otherwise, and its GRPO run keeps the record
+    assert contents_form(sft_run / "final") == "delta"
+    whole = tmp_path / "whole"
+    run_textgame_sft(sft_config(whole, model=str(sft_run / "final"), contents="whole", eval_data=""))
+    assert contents_form(whole / "final") == "whole"
+    assert json.loads((whole / "data_stats.json").read_text())["contents"] == "whole"
+    kept = tmp_path / "kept"
+    run_textgame_sft(sft_config(kept, model=str(whole / "final"), eval_data=""))
+    assert json.loads((kept / "data_stats.json").read_text())["contents"] == "whole"
+    rlvr = run_textgame_rlvr(TextGameRLVRConfig(
+        run_dir=str(tmp_path / "rlvr"), model=str(kept / "final"), data=str(FIXTURE), eval_data="",
+        grpo=GRPOConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=64, save_every=1)))
+    assert contents_form(rlvr) == "whole"
+    assert contents_form("textgame-rlvr") == contents_form("textgame-sft") == "whole"
 
 
 def test_sft_resume_continues_and_refuses_other_data(sft_run, tmp_path):

@@ -2,7 +2,8 @@
 targets a text world model reads and writes; also the collector that plays real TextWorld games into the same format.
 
 An example is one transition: prompt = `format_prompt(current state, action, task)` after the bos token, target =
-`format_target(make_diff(current, next))` and the eos token. Prompts and targets are never truncated (a cut JSON
+`format_target(make_diff(current, next, contents))` and the eos token, `contents` the form the model writes
+(`contents_form`). Prompts and targets are never truncated (a cut JSON
 state or diff teaches nothing true): examples longer than the limits are dropped and counted.
 """
 
@@ -23,8 +24,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from rlvr_gym.data.bytesized32 import Transition, data_dir, load_transitions
-from rlvr_gym.domains.textgame import balance, format_prompt, format_target, is_changed, make_diff
+from rlvr_gym.domains.textgame import CONTENTS_FORMS, balance, format_prompt, format_target, is_changed, make_diff
 from rlvr_gym.files import atomic_write_text
+from rlvr_gym.models.lm import resolve_checkpoint
 
 if TYPE_CHECKING:
     from envs.textworld import Transition as TextWorldTransition
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
 TEXTWORLD_FILE = "transitions.jsonl.gz"
+CONTENTS_KEY = "textgame_contents"
+"""The key of a text world model's config.json that records how its targets write contents (`CONTENTS_FORMS`)."""
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
@@ -53,15 +57,26 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
     )
 
 
-def target_text(t: Transition) -> str:
-    """The gold diff of a transition, as the model writes it."""
-    return format_target(make_diff(t.current, t.next))
+def contents_form(model_dir: str | os.PathLike) -> str:
+    """How the text world model `model_dir` (a directory or a shipped name) writes contents: its config's
+    `textgame_contents`, "delta" when there is none (a model not trained on this domain yet takes the form training
+    writes by default)."""
+    config = resolve_checkpoint(model_dir) / "config.json"
+    form = json.loads(config.read_text()).get(CONTENTS_KEY, "delta")
+    if form not in CONTENTS_FORMS:
+        raise ValueError(f"{config}: {CONTENTS_KEY} must be one of {CONTENTS_FORMS}, got {form!r}")
+    return form
 
 
-def transition_texts(transitions: Sequence[Transition]) -> Iterable[str]:
+def target_text(t: Transition, contents: str = "delta") -> str:
+    """The gold diff of a transition, as a model that writes contents in form `contents` writes it."""
+    return format_target(make_diff(t.current, t.next, contents))
+
+
+def transition_texts(transitions: Sequence[Transition], contents: str = "delta") -> Iterable[str]:
     for t in transitions:
         yield format_prompt(t.current, t.action, t.task)
-        yield target_text(t)
+        yield target_text(t, contents)
 
 
 def length_stats(lengths: Sequence[int]) -> dict[str, float]:
@@ -77,11 +92,13 @@ def encode_examples(
     tokenizer: PreTrainedTokenizerBase,
     max_prompt_tokens: int,
     max_target_tokens: int,
+    contents: str = "delta",
 ) -> tuple[list[dict], dict]:
     """Trainer examples (`prompt_ids`, `target_ids` ending in eos, and the `current` / `next` states the rewards
-    read), dropping those over the limits; and the length distribution before dropping."""
+    read), dropping those over the limits; and the length distribution before dropping. `contents`: the form the
+    targets write contents in."""
     prompts = encode_prompts(tokenizer, transitions)
-    target_ids = tokenizer([target_text(t) for t in transitions], add_special_tokens=False)["input_ids"]
+    target_ids = tokenizer([target_text(t, contents) for t in transitions], add_special_tokens=False)["input_ids"]
     targets = [ids + [tokenizer.eos_token_id] for ids in target_ids]
     examples, too_long = [], 0
     for t, p, y in zip(transitions, prompts, targets):

@@ -18,8 +18,8 @@ fields}}`; empty parts are left out, so "no change" is `{}`. An object change li
 - an object of the current state: `u` and, of its fields, those that change: `n`/`N` (renamed), `t` (new type),
   `p` (the properties whose value changes or that are added), `x` (sorted names of removed properties), `+` and
   `-` (the uuids its contents gain and lose, as multisets: taking key 7 from room 2 is `{"u":0,"+":[7]},
-  {"u":2,"-":[7]}`). `c` (the whole new contents) is also read, as earlier checkpoints write it, but not beside `+`
-  or `-`. Gold targets never hold an entry that changes nothing; a predicted one is read as the no-op it is
+  {"u":2,"-":[7]}`). `c` (the whole new contents) is also read, but not beside `+` or `-`; it is what the shipped
+  checkpoints write, and training a model that writes it goes on writing it (`contents="whole"`, `contents_form`). Gold targets never hold an entry that changes nothing; a predicted one is read as the no-op it is
   (rejecting it ended most of the learned TextWorld env's episodes, e.g. `{"u":4,"p":{"isLocked":true}}` for a box
   that stays locked), and so is a `-` of what the object does not hold (a wrong uuid: rejecting it ended 75-100% of
   the learned env's episodes in `rlvr-gym evaluate-policies textgame`);
@@ -90,6 +90,8 @@ SCORE_FIELDS = ("score", "gameOver", "gameWon")
 _SCORE_KEYS = {"score": "s", "gameOver": "g", "gameWon": "w"}
 _SCORE_FIELD_OF = {v: k for k, v in _SCORE_KEYS.items()}
 _OBJECT_KEYS = {"u", "n", "N", "t", "p", "x", "c", "+", "-"}
+CONTENTS_FORMS = ("delta", "whole")
+"""How a target writes an object's changed contents: what it gains and loses (`+`/`-`), or its whole new list (`c`)."""
 _CHANGE_KEYS = {"type": "t", "properties": "p", "removed_properties": "x", "contains": "c", "added_contents": "+",
                 "removed_contents": "-"}
 # what a created object is changed from: every field differs, so its change lists it in full
@@ -133,11 +135,14 @@ def format_prompt(state: State, action: str, task: str) -> str:
     return _dumps(prompt) + "\n"
 
 
-def make_diff(current: State, next: State) -> dict[str, Any]:
+def make_diff(current: State, next: State, contents: str = "delta") -> dict[str, Any]:
     """The gold diff from `current` to `next`: each changed object's changed fields (created objects in full), removed
-    uuids, changed score fields."""
+    uuids, changed score fields. `contents`: "delta" writes a changed object's contents as what it gains and loses
+    (`+`/`-`), "whole" as its whole new list (`c`)."""
+    if contents not in CONTENTS_FORMS:
+        raise ValueError(f"contents is one of {CONTENTS_FORMS}, got {contents!r}")
     before = {o["uuid"]: o for o in _by_uuid_contents(current)}
-    changes = [_object_change(before.get(o["uuid"], _NOTHING), o) for o in _by_uuid_contents(next)]
+    changes = [_object_change(before.get(o["uuid"], _NOTHING), o, contents) for o in _by_uuid_contents(next)]
     next_uuids = {o["uuid"] for o in next["objects"]}
     return {
         "modified": [c for c in changes if len(c) > 1],
@@ -420,7 +425,7 @@ def _parse_removed_properties(keys: Any, uuid: int, old: dict[str, Any] | None, 
     return keys
 
 
-def _object_change(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def _object_change(old: dict[str, Any], new: dict[str, Any], contents: str) -> dict[str, Any]:
     """The uuid and the fields of `new` that differ from `old` (contents by uuid, as a multiset)."""
     change: dict[str, Any] = {"uuid": new["uuid"]}
     if new["name"] != old["name"]:
@@ -434,6 +439,10 @@ def _object_change(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         change["removed_properties"] = removed
     if old is _NOTHING:
         if new["contains"]:
+            change["contains"] = new["contains"]
+        return change
+    if contents == "whole":
+        if sorted(map(_canon, new["contains"])) != sorted(map(_canon, old["contains"])):
             change["contains"] = new["contains"]
         return change
     # an existing object's contents change by what it gains and loses (the module docstring says why)

@@ -70,11 +70,14 @@ def train_sft(
     examples: Sequence[dict],
     eval_examples: Sequence[dict] = (),
     eval_fn: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+    model_config: dict | None = None,
 ) -> Path:
-    """Train config.model (or resume) on the examples; returns the directory of the final model."""
+    """Train config.model (or resume) on the examples; returns the directory of the final model. `model_config`:
+    settings recorded in the saved models' config.json (say, the form of the targets they learned)."""
     check_pairs(examples, "training")
     run = R.Run(config, "sft")
     model, d = run.model, run.d
+    model.config.update(model_config or {})
     pad_id = run.tokenizer.pad_token_id if run.tokenizer is not None and run.tokenizer.pad_token_id is not None else 0
     held_out = list(eval_examples)[: config.eval_examples]
 

@@ -27,6 +27,8 @@ from transformers import PreTrainedTokenizerBase
 
 from rlvr_gym.data.bytesized32 import Transition, load_transitions
 from rlvr_gym.data.textgame import (
+    CONTENTS_KEY,
+    contents_form,
     default_train_data,
     default_valid_data,
     encode_examples,
@@ -36,7 +38,15 @@ from rlvr_gym.data.textgame import (
     train_tokenizer,
     transition_texts,
 )
-from rlvr_gym.domains.textgame import DEFAULT_BALANCE, REWARDS, accuracy_table, binary_reward, outcome_matches, wins
+from rlvr_gym.domains.textgame import (
+    CONTENTS_FORMS,
+    DEFAULT_BALANCE,
+    REWARDS,
+    accuracy_table,
+    binary_reward,
+    outcome_matches,
+    wins,
+)
 from rlvr_gym.files import atomic_write_text
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model, load_tokenizer, parameter_count
 from rlvr_gym.models.sampler import sample_texts
@@ -105,6 +115,10 @@ class TextGameSFTConfig:
     win_share: float = 0.0
     """Least share of the examples from steps that win a game, the winning ones repeated to reach it: wins are about 4%
     of the balanced mix, and they are what a learned env pays on (0: the data's own mix)."""
+    contents: Literal["", "delta", "whole"] = ""
+    """How the targets write an object's changed contents: delta, what it gains and loses (`+`/`-`); whole, its new
+    list (`c`, what the shipped checkpoints write); empty: the form `model` writes (`contents_form`), delta from
+    scratch. A short fine-tune does not teach a model the other form: refits keep the one they start from."""
     eval_accuracy_examples: int = 64
     """Held-out transitions decoded greedily for eval/accuracy at each evaluation (0: loss only)."""
     eval_batch_size: int = 16
@@ -128,10 +142,13 @@ def run_textgame_sft(config: TextGameSFTConfig) -> Path:
     check_run(root, config, d.is_main)
     train = load_training_transitions(config.data, config.textworld, config.balance, config.seed, config.textworld_copies)
     train = weight_wins(train, config.win_share)
+    contents = config.contents or (contents_form(config.model) if config.model else "delta")
+    if contents not in CONTENTS_FORMS:
+        raise ValueError(f"--contents is one of {CONTENTS_FORMS}, got {contents!r}")
     model_dir = Path(config.model) if config.model else root / "init"
     if not config.model:
         if d.is_main and not (config.resume and (model_dir / "tokenizer.json").is_file()):
-            tokenizer = train_tokenizer(transition_texts(train), config.vocab_size)
+            tokenizer = train_tokenizer(transition_texts(train, contents), config.vocab_size)
             torch.manual_seed(config.seed)
             model = build_llama(len(tokenizer), config.size, tokenizer)
             log.info("from-scratch Llama: %.2fM parameters, vocabulary %d", parameter_count(model) / 1e6,
@@ -140,13 +157,13 @@ def run_textgame_sft(config: TextGameSFTConfig) -> Path:
             tokenizer.save_pretrained(model_dir)
         barrier(d)
     tokenizer = load_tokenizer(model_dir)
-    examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.max_target_tokens)
-    report_data(root, stats, d.is_main)
+    examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.max_target_tokens, contents)
+    report_data(root, {**stats, "contents": contents}, d.is_main)
     held_out, eval_fn = held_out_evaluation(
-        config.eval_data, tokenizer, config, config.sft.eval_examples, config.max_target_tokens
+        config.eval_data, tokenizer, config, config.sft.eval_examples, config.max_target_tokens, contents
     )
     sft = set_by_command(config.sft, "sft", run_dir=str(root), model=str(model_dir), resume=config.resume)
-    return train_sft(sft, examples, held_out, eval_fn)
+    return train_sft(sft, examples, held_out, eval_fn, model_config={CONTENTS_KEY: contents})
 
 
 def held_out_evaluation(
@@ -155,6 +172,7 @@ def held_out_evaluation(
     config: TextGameSFTConfig | TextGameRLVRConfig,
     loss_examples: int,
     max_new_tokens: int,
+    contents: str = "delta",
 ) -> tuple[list[dict], Callable[[torch.nn.Module], dict[str, float]] | None]:
     """Held-out examples for eval/loss and the greedy accuracy function for eval/, from a seeded sample of `path`."""
     if not path:
@@ -162,7 +180,8 @@ def held_out_evaluation(
     transitions = subsample(load_transitions(path), max(loss_examples, config.eval_accuracy_examples), config.seed)
     held_out = []
     if loss_examples:
-        held_out, _ = encode_examples(transitions[:loss_examples], tokenizer, config.max_prompt_tokens, max_new_tokens)
+        held_out, _ = encode_examples(transitions[:loss_examples], tokenizer, config.max_prompt_tokens, max_new_tokens,
+                                      contents)
     decoded = transitions[: config.eval_accuracy_examples]
     if not decoded:
         return held_out, None
@@ -278,7 +297,8 @@ def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
             log.info("%d of them wrong about the outcome", sum(outcome_wrong))
             wrong = outcome_wrong if any(outcome_wrong) else wrong
         train = weight_toward(train, wrong, config.surprise_prompts)
-    examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.grpo.max_new_tokens)
+    examples, stats = encode_examples(train, tokenizer, config.max_prompt_tokens, config.grpo.max_new_tokens,
+                                      contents_form(config.model))
     report_data(root, stats, d.is_main)
     # The trainer hands every column but prompt_ids to the reward: keep the two states it reads.
     examples = [{"prompt_ids": e["prompt_ids"], "current": e["current"], "next": e["next"]} for e in examples]
