@@ -14,7 +14,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rlvr_gym.data.bytesized32 import load_transitions
 from rlvr_gym.data.textgame import (
     collect_textworld,
-    contents_form,
     load_training_transitions,
     target_text,
     train_tokenizer,
@@ -29,6 +28,7 @@ from rlvr_gym.train.sft import SFTConfig
 from rlvr_gym.train.textgame import (
     TextGameRLVRConfig,
     TextGameSFTConfig,
+    contents_form,
     run_textgame_rlvr,
     run_textgame_sft,
     weight_toward,

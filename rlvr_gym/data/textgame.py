@@ -3,7 +3,7 @@ targets a text world model reads and writes; also the collector that plays real 
 
 An example is one transition: prompt = `format_prompt(current state, action, task)` after the bos token, target =
 `format_target(make_diff(current, next, contents))` and the eos token, `contents` the form the model writes
-(`contents_form`). Prompts and targets are never truncated (a cut JSON
+(`rlvr_gym.train.textgame.contents_form`). Prompts and targets are never truncated (a cut JSON
 state or diff teaches nothing true): examples longer than the limits are dropped and counted.
 """
 
@@ -24,9 +24,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from rlvr_gym.data.bytesized32 import Transition, data_dir, load_transitions
-from rlvr_gym.domains.textgame import CONTENTS_FORMS, balance, format_prompt, format_target, is_changed, make_diff
+from rlvr_gym.domains.textgame import balance, format_prompt, format_target, is_changed, make_diff
 from rlvr_gym.files import atomic_write_text
-from rlvr_gym.models.lm import resolve_checkpoint
 
 if TYPE_CHECKING:
     from envs.textworld import Transition as TextWorldTransition
@@ -35,8 +34,6 @@ log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
 TEXTWORLD_FILE = "transitions.jsonl.gz"
-CONTENTS_KEY = "textgame_contents"
-"""The key of a text world model's config.json that records how its targets write contents (`CONTENTS_FORMS`)."""
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
@@ -55,17 +52,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
     return PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=pad, bos_token=bos, eos_token=eos, clean_up_tokenization_spaces=False
     )
-
-
-def contents_form(model_dir: str | os.PathLike) -> str:
-    """How the text world model `model_dir` (a directory or a shipped name) writes contents: its config's
-    `textgame_contents`, "delta" when there is none (a model not trained on this domain yet takes the form training
-    writes by default)."""
-    config = resolve_checkpoint(model_dir) / "config.json"
-    form = json.loads(config.read_text()).get(CONTENTS_KEY, "delta")
-    if form not in CONTENTS_FORMS:
-        raise ValueError(f"{config}: {CONTENTS_KEY} must be one of {CONTENTS_FORMS}, got {form!r}")
-    return form
 
 
 def target_text(t: Transition, contents: str = "delta") -> str:

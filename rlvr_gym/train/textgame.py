@@ -27,8 +27,6 @@ from transformers import PreTrainedTokenizerBase
 
 from rlvr_gym.data.bytesized32 import Transition, load_transitions
 from rlvr_gym.data.textgame import (
-    CONTENTS_KEY,
-    contents_form,
     default_train_data,
     default_valid_data,
     encode_examples,
@@ -48,13 +46,27 @@ from rlvr_gym.domains.textgame import (
     wins,
 )
 from rlvr_gym.files import atomic_write_text
-from rlvr_gym.models.lm import LlamaSize, build_llama, load_model, load_tokenizer, parameter_count
+from rlvr_gym.models.lm import LlamaSize, build_llama, load_model, load_tokenizer, parameter_count, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
 from rlvr_gym.train.run import barrier, record_config, set_by_command, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
 
 log = logging.getLogger("rlvr_gym")
+
+CONTENTS_KEY = "textgame_contents"
+"""The key of a text world model's config.json that records how its targets write contents (`CONTENTS_FORMS`)."""
+
+
+def contents_form(model_dir: str | os.PathLike) -> str:
+    """How the text world model `model_dir` (a directory or a shipped name) writes contents: its config's
+    `textgame_contents`, "delta" when there is none (a model not trained on this domain yet takes the form training
+    writes by default)."""
+    config = resolve_checkpoint(model_dir) / "config.json"
+    form = json.loads(config.read_text()).get(CONTENTS_KEY, "delta")
+    if form not in CONTENTS_FORMS:
+        raise ValueError(f"{config}: {CONTENTS_KEY} must be one of {CONTENTS_FORMS}, got {form!r}")
+    return form
 
 # Fields that may differ on --resume; the trainer checks its own (sft, grpo), knowing which of them may change.
 RESUMABLE_CHANGES = {"resume", "sft", "grpo", "eval_accuracy_examples", "eval_batch_size"}
