@@ -19,10 +19,11 @@ fields}}`; empty parts are left out, so "no change" is `{}`. An object change li
   `p` (the properties whose value changes or that are added), `x` (sorted names of removed properties), `+` and
   `-` (the uuids its contents gain and lose, as multisets: taking key 7 from room 2 is `{"u":0,"+":[7]},
   {"u":2,"-":[7]}`). `c` (the whole new contents) is also read, but not beside `+` or `-`; it is what the shipped
-  checkpoints write, and training a model that writes it goes on writing it (`contents="whole"`, `contents_form`). Gold targets never hold an entry that changes nothing; a predicted one is read as the no-op it is
-  (rejecting it ended most of the learned TextWorld env's episodes, e.g. `{"u":4,"p":{"isLocked":true}}` for a box
-  that stays locked), and so is a `-` of what the object does not hold (a wrong uuid: rejecting it ended 75-100% of
-  the learned env's episodes in `rlvr-gym evaluate-policies textgame`);
+  checkpoints write, and a model that writes it is trained on it (`contents="whole"`, `train.textgame.contents_form`).
+  Gold targets never hold an entry that changes nothing; a predicted one is read as the no-op it is (rejecting it
+  ended most of the learned TextWorld env's episodes, e.g. `{"u":4,"p":{"isLocked":true}}` for a box that stays
+  locked), and so is a `-` of what the object does not hold (a wrong uuid: rejecting it ended 75-100% of the learned
+  env's episodes in `rlvr-gym evaluate-policies textgame`);
 - an object the action creates (its uuid is not in the current state): in full, as in the prompt (`n`/`N` and `t`
   required, a missing `p` or `c` is empty, no `x`).
 Changed objects used to be re-emitted in full; small models got which objects change and how, but garbled the fields
