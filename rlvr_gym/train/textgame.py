@@ -68,6 +68,7 @@ def contents_form(model_dir: str | os.PathLike) -> str:
         raise ValueError(f"{config}: {CONTENTS_KEY} must be one of {CONTENTS_FORMS}, got {form!r}")
     return form
 
+
 # Fields that may differ on --resume; the trainer checks its own (sft, grpo), knowing which of them may change.
 RESUMABLE_CHANGES = {"resume", "sft", "grpo", "eval_accuracy_examples", "eval_batch_size"}
 
