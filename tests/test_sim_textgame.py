@@ -13,7 +13,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import rlvr_gym  # noqa: F401  (registers the env ids)
 from agents.textgame import RealTextWorldDiscreteEnv, evaluate_in_real, make_sim_env
-from envs.textworld import TextWorldGame, make_game
+from envs.textworld import TextWorldGame, in_uuid_order, make_game
 from rlvr_gym.data.textgame import train_tokenizer
 from rlvr_gym.domains.textgame import format_prompt, format_target, make_diff, parse_diff, rebuild, states_match
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
@@ -32,7 +32,6 @@ from rlvr_gym.sim.textgame import (
     command_for,
     discrete_spaces,
     encode_observation,
-    in_textworld_order,
     load_start_states,
     open_real_game,
     render_state,
@@ -381,8 +380,8 @@ def test_a_correct_prediction_gives_the_model_the_real_next_prompt(game_dir):
                 assert error is None
                 rebuilt = rebuild(state, diff)
                 reordered += rebuilt != next_state
-                assert in_textworld_order(rebuilt) == next_state
-                assert format_prompt(in_textworld_order(rebuilt), "look", "q") == format_prompt(next_state, "look", "q")
+                assert in_uuid_order(rebuilt) == next_state
+                assert format_prompt(in_uuid_order(rebuilt), "look", "q") == format_prompt(next_state, "look", "q")
                 state = next_state
                 if done:
                     break

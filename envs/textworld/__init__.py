@@ -11,7 +11,7 @@ from envs.textworld.play import (
     random_policy,
     walkthrough,
 )
-from envs.textworld.state import OBJECT_TYPES, entity_uuids, state_from_facts
+from envs.textworld.state import OBJECT_TYPES, entity_uuids, in_uuid_order, state_from_facts
 
 __all__ = [
     "DEFAULT_GAME_DIR",
@@ -21,6 +21,7 @@ __all__ = [
     "Transition",
     "entity_uuids",
     "game_name",
+    "in_uuid_order",
     "make_game",
     "noisy_walkthrough",
     "play_episode",

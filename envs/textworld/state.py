@@ -114,15 +114,22 @@ def state_from_facts(
                              "map it to a property in envs/textworld/state.py")
 
     del objects["I"]
-    name_uuid = {o["name"]: o["uuid"] for o in objects.values()}
     for o in objects.values():
-        o["contains"].sort(key=name_uuid.__getitem__)
         if o["type"] == "Room":
             exits = o["properties"]["connects"]
             o["properties"]["connects"] = {d: exits[d] for d in _DIRECTIONS.values() if d in exits}
-    return {
-        "objects": sorted(objects.values(), key=lambda o: o["uuid"]),
-        "score": score,
-        "gameOver": bool(game_over),
-        "gameWon": bool(game_won),
-    }
+    return in_uuid_order(
+        {"objects": list(objects.values()), "score": score, "gameOver": bool(game_over), "gameWon": bool(game_won)}
+    )
+
+
+def in_uuid_order(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` with its objects, and each object's contents, in uuid order: how a TextWorld state is listed. Contents
+    that name no object of the state go last."""
+    uuid_of = {o["name"]: o["uuid"] for o in state["objects"]}
+
+    def rank(name: Any) -> tuple:
+        return (0, uuid_of[name], "") if name in uuid_of else (1, 0, str(name))
+
+    objects = sorted(state["objects"], key=lambda o: o["uuid"])
+    return {**state, "objects": [{**o, "contains": sorted(o["contains"], key=rank)} for o in objects]}

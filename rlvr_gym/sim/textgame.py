@@ -371,19 +371,6 @@ def _compact(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------------- simulator core
 
 
-def in_textworld_order(state: State) -> State:
-    """`state` listed as the real TextWorld env lists it (`envs.textworld.state_from_facts`): objects, and each
-    object's contents, in uuid order. `rebuild` appends what a step adds to a container; left there, the next prompt
-    shows the model an order it never saw in a real TextWorld state."""
-    uuid_of = {o["name"]: o["uuid"] for o in state["objects"]}
-
-    def rank(name: Any) -> tuple:
-        return (0, uuid_of[name], "") if name in uuid_of else (1, 0, str(name))
-
-    objects = sorted(state["objects"], key=lambda o: o["uuid"])
-    return {**state, "objects": [{**o, "contains": sorted(o["contains"], key=rank)} for o in objects]}
-
-
 @dataclass
 class Rollout:
     """One episode in the learned simulator."""
@@ -464,6 +451,8 @@ class TextGameSimulator:
         and sets the rollout's `error`. A step more uncertain than `halt_uncertainty` takes the predicted state and
         sets `halted`: the rollout has ended, and the step pays nothing.
         """
+        from envs.textworld import in_uuid_order  # the real games' listing; textworld loads only when stepping
+
         bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
         texts = [format_prompt(r.state, c, r.start.objective) for r, c in zip(rollouts, commands)]
         prompts = [bos + ids for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
@@ -485,7 +474,9 @@ class TextGameSimulator:
             r.halted = self.guard.halts(r.uncertainty)
             diff, r.error = parse_diff(r.completion, r.state)
             if diff is not None:
-                next_state = in_textworld_order(rebuild(r.state, diff))
+                # `rebuild` appends what a step adds to a container; left there, the next prompt would show the model
+                # an order no real TextWorld state has
+                next_state = in_uuid_order(rebuild(r.state, diff))
                 gained = float(next_state["score"]) - float(r.state["score"])
                 r.reward = (0.0 if r.halted else gained) - self.guard.penalty * r.uncertainty
                 r.state = next_state

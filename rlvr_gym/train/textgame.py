@@ -155,9 +155,7 @@ def run_textgame_sft(config: TextGameSFTConfig) -> Path:
     check_run(root, config, d.is_main)
     train = load_training_transitions(config.data, config.textworld, config.balance, config.seed, config.textworld_copies)
     train = weight_wins(train, config.win_share)
-    contents = config.contents or (contents_form(config.model) if config.model else "delta")
-    if contents not in CONTENTS_FORMS:
-        raise ValueError(f"--contents is one of {CONTENTS_FORMS}, got {contents!r}")
+    contents = config.contents or (contents_form(config.model) if config.model else "delta")  # make_diff checks it
     model_dir = Path(config.model) if config.model else root / "init"
     if not config.model:
         if d.is_main and not (config.resume and (model_dir / "tokenizer.json").is_file()):
