@@ -21,7 +21,8 @@ and scoring alike):
   (with `--score-data`, as the loop, it also learns from its scoring episodes).
 Reported: final real success per arm with a 95% interval over seeds (t), the real steps at which the seeds' mean
 curve of each arm first reaches the real-env baseline's final success (sample efficiency), the loop against the
-real-env agent at equal real steps, and the loop's learned-vs-real success gap; a plot of every curve and the means.
+real-env agent at equal real steps, and the loop's learned-vs-real success gap (with `--check-episodes N`, also
+measured again on N episodes: `final_check`); a plot of every curve and the means.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from stable_baselines3 import PPO
+from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
@@ -113,9 +114,9 @@ def real_env(config: CoTrainConfig):
     return VecMonitor(DummyVecEnv([lambda: RealTextWorldDiscreteEnv(world, config.steps_per_episode)]))
 
 
-def real_arm(config: CoTrainConfig, budget: int, points: int) -> list[dict]:
+def real_arm(config: CoTrainConfig, budget: int, points: int, agent_path: Path) -> list[dict]:
     """The loop's SB3 algorithm in the real env until `budget` real steps (training plus scoring), scored `points`
-    times."""
+    times; the final agent saved to `agent_path`."""
     env = real_env(config)
     if config.algo == "dqn":
         agent = new_agent(config, env)
@@ -127,6 +128,8 @@ def real_arm(config: CoTrainConfig, budget: int, points: int) -> list[dict]:
     callback = RealScoring(every, config)
     agent.learn(every * points, callback=callback)
     env.close()
+    agent_path.parent.mkdir(parents=True, exist_ok=True)
+    agent.save(agent_path)
     return callback.points
 
 
@@ -143,6 +146,22 @@ def frozen_arm(config: CoTrainConfig) -> list[dict]:
                        "learned_success": learned_success(agent, world, config, config.eval_episodes)})
     env.close()
     return points
+
+
+def final_check(config: CoTrainConfig, agent_path: Path, world: str, path: Path, episodes: int) -> dict:
+    """An arm's final agent scored again on `episodes` episodes (text: all 32 games once each at 32), in the real env
+    and in the simulator `world` (a loop's last refit; the starting one for the other arms): real success and the
+    learned-vs-real gap on more episodes than each round's scoring, and for the text loop on the games it never
+    collected real data on. Like any final scoring it is not counted in the real-step budget. Kept in `path`."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    agent = (DQN if config.algo == "dqn" else PPO).load(agent_path, device="cpu")
+    checked = replace(config, eval_episodes=episodes)
+    real, _ = score_in_real(agent, checked, world)
+    check = {"episodes": episodes, "real_success": real,
+             "learned_success": learned_success(agent, world, checked, episodes)}
+    path.write_text(json.dumps(check))
+    return check
 
 
 REAL_ARM_FIELDS = ("env", "algo", "task", "seed", "rounds", "eval_episodes", "horizon", "frame_size", "learning_rate")
@@ -175,11 +194,14 @@ def world_fingerprint(config: CoTrainConfig) -> str:
     return digest.hexdigest()[:16]
 
 
-def cached(path: Path, key: dict, compute, older: Path | None = None) -> list[dict]:
+def cached(path: Path, key: dict, compute, older: Path | None = None, beside: Path | None = None) -> list[dict]:
     """An arm's curve, computed once for its settings: a rerun, or the run that gathers seeds other processes ran,
     reuses it (the loop arms resume from their own run directories). `older`: where an earlier version of this
-    script kept the same curve, read if its settings match."""
+    script kept the same curve, read if its settings match. `beside`: a file the computation also writes (the final
+    agent), computed again if it is missing."""
     for candidate in (path, older):
+        if beside is not None and not beside.is_file():
+            break
         if candidate is not None and candidate.is_file():
             saved = json.loads(candidate.read_text())
             if saved["key"] == key:
@@ -270,6 +292,9 @@ def main() -> None:
     parser.add_argument("--score-data", action="store_true",
                         help="text: the loop's scorings are data too, and it scores before round 0 "
                              "(`CoTrainConfig.score_data`)")
+    parser.add_argument("--check-episodes", type=int, default=0,
+                        help="score each loop's final agent again on this many episodes, real and learned "
+                             "(`final_check`); 0: off")
     parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS,
                         help="arms to run and report; the real-env arms take the loop's real steps as their budget")
     args = parser.parse_args()
@@ -301,6 +326,10 @@ def main() -> None:
                     continue
                 run_cotrain(config)
                 curves[name] = [json.loads(line) for line in (Path(config.out) / "rounds.jsonl").read_text().splitlines()]
+                if args.check_episodes:
+                    out = Path(config.out)
+                    curves[f"{name} check"] = final_check(config, out / "agent.zip", curves[name][-1]["world"],
+                                                          out / f"check-{args.check_episodes}.json", args.check_episodes)
             directory = OUT / "sim_to_real" / task
             if "frozen" in args.arms:
                 curves["frozen"] = cached(OUT / "sim_to_real" / label / f"frozen-{seed}.json",
@@ -311,10 +340,15 @@ def main() -> None:
                     continue
                 # One file per budget: loops run with other settings take other real steps, and each keeps its baseline.
                 scored = "-score-data" if base.score_data else ""
-                curves[name] = cached(directory / f"{name}-{seed}-{scale * budget}steps{scored}.json",
-                                      arm_key(base, name, budget=scale * budget),
-                                      lambda scale=scale: real_arm(base, scale * budget, args.rounds),
-                                      older=directory / f"{name}-{seed}.json")
+                curve = directory / f"{name}-{seed}-{scale * budget}steps{scored}.json"
+                agent = curve.with_suffix(".zip")
+                curves[name] = cached(curve, arm_key(base, name, budget=scale * budget),
+                                      lambda scale=scale: real_arm(base, scale * budget, args.rounds, agent),
+                                      older=directory / f"{name}-{seed}.json", beside=agent)
+                if args.check_episodes:
+                    curves[f"{name} check"] = final_check(base, agent, resolve_world(base),
+                                                          curve.with_suffix(f".check-{args.check_episodes}.json"),
+                                                          args.check_episodes)
             runs.setdefault(label, {})[seed] = curves
             (OUT / "sim_to_real.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
     write_report(args, runs)
@@ -334,6 +368,12 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
             if arm in ("loop", "loop-mle", "frozen"):
                 gaps = [curves[arm][-1]["learned_success"] - curves[arm][-1]["real_success"] for curves in by_seed.values()]
                 row["learned - real"] = f"{np.mean(gaps):+.2f}"
+            if f"{arm} check" in next(iter(by_seed.values())):
+                checks = [curves[f"{arm} check"] for curves in by_seed.values()]
+                mean, half = interval([c["real_success"] for c in checks])
+                gaps = [c["learned_success"] - c["real_success"] for c in checks]
+                row[f"final check on {checks[0]['episodes']} episodes: real success"] = f"{mean:.2f} ± {half:.2f}"
+                row["learned - real (per seed)"] = f"{np.mean(gaps):+.2f} ({', '.join(f'{g:+.2f}' for g in gaps)})"
             if "real-1x" in arms:
                 target = interval([c["real-1x"][-1]["real_success"] for c in by_seed.values()])[0]
                 reached = [first_reaching(curves[arm], target) for curves in by_seed.values()]
@@ -390,7 +430,11 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
               + ("text: it is scored before round 0 too and every scoring's episodes are data of its next refit "
                  "and agent phase; " if args.score_data else "")
               + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
-              "time). Intervals: 95% t over seeds.", "", markdown_table(rows), "", *lines, "",
+              "time). Intervals: 95% t over seeds."
+              + (f" Final check: each arm's final agent on {args.check_episodes} episodes (text: the games in the same "
+                 "seeded order, so 32 plays each game once), in the real env and in a simulator: a loop's last refit, "
+                 "the starting one for an agent trained in the real env." if args.check_episodes else ""),
+              "", markdown_table(rows), "", *lines, "",
               "![curves](sim_to_real.png)", ""]
     (OUT / "sim_to_real.md").write_text("\n".join(report))
     print("\n".join(report))

@@ -84,6 +84,13 @@ def test_a_cached_curve_is_read_for_its_own_settings_from_its_file_or_the_older_
     assert cached(tmp_path / "real-1x-0-200steps.json", {"budget": 200}, compute, older)[0]["real_success"] == 0.5
     assert cached(tmp_path / "real-1x-0-200steps.json", {"budget": 200}, compute, older)[0]["real_success"] == 0.5
     assert computed == [1] and json.loads(older.read_text())["key"] == {"budget": 100}
+    # A curve whose final agent is kept beside it is computed again when the agent is missing.
+    agent = tmp_path / "real-1x-0-200steps.zip"
+    assert cached(tmp_path / "real-1x-0-200steps.json", {"budget": 200}, compute, beside=agent)[0]["real_success"] == 0.5
+    assert computed == [1, 1]
+    agent.write_bytes(b"agent")
+    assert cached(tmp_path / "real-1x-0-200steps.json", {"budget": 200}, compute, beside=agent)[0]["real_success"] == 0.5
+    assert computed == [1, 1]
 
 
 def test_a_loop_with_other_settings_runs_in_its_own_directory_and_an_older_run_of_the_same_is_resumed(tmp_path):
@@ -130,7 +137,7 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     args = argparse.Namespace(arms=["loop", "real-1x"], seeds=[0, 1], checkpoint="rt1-rlvr",
                               text_checkpoint="textgame-rlvr", rounds=2, real_steps=200, mle_steps=40, grpo_steps=5,
                               sim_steps=4096, text_sim_steps=1024, eval_episodes=16, pretrain_steps=2048,
-                              score_data=False)
+                              score_data=False, check_episodes=0)
     bench.write_report(args, runs)
     report = (tmp_path / "sim_to_real.md").read_text()
     assert "first learns 2048 steps in the starting simulator" in report
@@ -139,3 +146,12 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     # Seed 0's real curve at 900 steps is 0.24 (0.56 behind the loop), seed 1's at 1000 steps 0.2 (0.2 behind).
     assert "the loop is +0.38 ± 2.29 ahead (the interval includes zero)" in report
     assert (tmp_path / "sim_to_real.png").stat().st_size > 0
+    # The final check (`--check-episodes`) adds each arm's real success on more episodes and its learned-real gap.
+    for seed, (real, learned) in enumerate([(0.5, 0.25), (0.75, 0.75)]):
+        runs["text"][seed]["loop check"] = {"episodes": 32, "real_success": real, "learned_success": learned}
+        runs["text"][seed]["real-1x check"] = {"episodes": 32, "real_success": 0.5, "learned_success": 0.5}
+    bench.write_report(argparse.Namespace(**{**vars(args), "check_episodes": 32}), runs)
+    report = (tmp_path / "sim_to_real.md").read_text()
+    assert "Final check: each arm's final agent on 32 episodes" in report
+    assert "| text | loop | 0.60 ± 2.54 | 950 | +0.00 | 0.62 ± 1.59 | -0.12 (-0.25, +0.00) | 1 of 2 | 450 |" in report
+    assert "| text | real-1x | 0.50 ± 1.27 | 1500 |  | 0.50 ± 0.00 | +0.00 (+0.00, +0.00) |" in report
