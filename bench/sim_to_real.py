@@ -48,6 +48,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 from agents.cotrain import (
     AGENT_TRANSITIONS,
     DEFAULT_CHECKPOINTS,
+    PRETRAIN,
     RT1_ENV,
     TEXT_ENV,
     CoTrainConfig,
@@ -79,11 +80,13 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 class RealScoring(BaseCallback):
     """Scores an agent training in the real env every `every` training steps; each point counts training and
-    scoring steps. With `score_data` (text DQN) the agent also learns from its scoring episodes."""
+    scoring steps. With `score_data` (text DQN) the agent also learns from its scoring episodes. The agent of each
+    point is saved to agents/pointK.zip."""
 
-    def __init__(self, every: int, config: CoTrainConfig):
+    def __init__(self, every: int, config: CoTrainConfig, agents: Path):
         super().__init__()
         self.every, self.config, self.next, self.scoring_steps, self.points = every, config, every, 0, []
+        self.agents = agents
 
     def _on_step(self) -> bool:
         if self.num_timesteps >= self.next:
@@ -96,6 +99,7 @@ class RealScoring(BaseCallback):
             else:
                 success, steps = score_in_real(self.model, self.config, world)
             self.scoring_steps += steps
+            self.model.save(self.agents / f"point{len(self.points)}.zip")
             self.points.append({"real_steps_total": self.num_timesteps + self.scoring_steps, "real_success": success})
         return True
 
@@ -114,9 +118,9 @@ def real_env(config: CoTrainConfig):
     return VecMonitor(DummyVecEnv([lambda: RealTextWorldDiscreteEnv(world, config.steps_per_episode)]))
 
 
-def real_arm(config: CoTrainConfig, budget: int, points: int, agent_path: Path) -> list[dict]:
+def real_arm(config: CoTrainConfig, budget: int, points: int, agents: Path) -> list[dict]:
     """The loop's SB3 algorithm in the real env until `budget` real steps (training plus scoring), scored `points`
-    times; the final agent saved to `agent_path`."""
+    times; the agent of each point saved in `agents`."""
     env = real_env(config)
     if config.algo == "dqn":
         agent = new_agent(config, env)
@@ -125,11 +129,10 @@ def real_arm(config: CoTrainConfig, budget: int, points: int, agent_path: Path) 
                     seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
     scoring = config.eval_episodes * config.steps_per_episode  # an upper bound of each scoring's steps
     every = max((budget - points * scoring) // points, 256)
-    callback = RealScoring(every, config)
+    agents.mkdir(parents=True, exist_ok=True)
+    callback = RealScoring(every, config, agents)
     agent.learn(every * points, callback=callback)
     env.close()
-    agent_path.parent.mkdir(parents=True, exist_ok=True)
-    agent.save(agent_path)
     return callback.points
 
 
@@ -148,20 +151,29 @@ def frozen_arm(config: CoTrainConfig) -> list[dict]:
     return points
 
 
-def final_check(config: CoTrainConfig, agent_path: Path, world: str, path: Path, episodes: int) -> dict:
-    """An arm's final agent scored again on `episodes` episodes (text: all 32 games once each at 32), in the real env
-    and in the simulator `world` (a loop's last refit; the starting one for the other arms): real success and the
-    learned-vs-real gap on more episodes than each round's scoring, and for the text loop on the games it never
-    collected real data on. Like any final scoring it is not counted in the real-step budget. Kept in `path`."""
+def final_check(config: CoTrainConfig, agents: list[tuple[int, Path]], world: str, path: Path, episodes: int) -> dict:
+    """An arm's curve scored again: the agent of each point ((real steps, saved agent)) on `episodes` real episodes
+    (text: the games in the same seeded order, so 32 plays each game once: the 16 a text loop never collected on
+    too), and the final agent also in the simulator `world` (a loop's last refit; the starting one for an agent
+    trained in the real env). Like any final scoring it is not counted in the real-step budget. Kept in `path`."""
     if path.is_file():
         return json.loads(path.read_text())
-    agent = (DQN if config.algo == "dqn" else PPO).load(agent_path, device="cpu")
+    load = DQN.load if config.algo == "dqn" else PPO.load
     checked = replace(config, eval_episodes=episodes)
-    real, _ = score_in_real(agent, checked, world)
-    check = {"episodes": episodes, "real_success": real,
-             "learned_success": learned_success(agent, world, checked, episodes)}
+    points = [{"real_steps_total": steps, "real_success": score_in_real(load(agent, device="cpu"), checked, world)[0]}
+              for steps, agent in agents]
+    check = {"episodes": episodes, "points": points, "real_success": points[-1]["real_success"],
+             "learned_success": learned_success(load(agents[-1][1], device="cpu"), world, checked, episodes)}
     path.write_text(json.dumps(check))
     return check
+
+
+def loop_agents(out: Path, curve: list[dict]) -> list[tuple[int, Path]]:
+    """(real steps, saved agent) of each point of a loop's curve whose agent was kept: the pretrained agent scored
+    before round 0 (`score_data`), then each round's."""
+    saved = [(p["real_steps_total"], out / PRETRAIN / "agent.zip" if p["round"] == -1
+              else out / f"round_{p['round']:02d}" / "agent.zip") for p in curve]
+    return [(steps, agent) for steps, agent in saved if agent.is_file()]
 
 
 REAL_ARM_FIELDS = ("env", "algo", "task", "seed", "rounds", "eval_episodes", "horizon", "frame_size", "learning_rate")
@@ -328,8 +340,9 @@ def main() -> None:
                 curves[name] = [json.loads(line) for line in (Path(config.out) / "rounds.jsonl").read_text().splitlines()]
                 if args.check_episodes:
                     out = Path(config.out)
-                    curves[f"{name} check"] = final_check(config, out / "agent.zip", curves[name][-1]["world"],
-                                                          out / f"check-{args.check_episodes}.json", args.check_episodes)
+                    curves[f"{name} check"] = final_check(config, loop_agents(out, curves[name]), curves[name][-1]["world"],
+                                                          out / f"check-{args.check_episodes}.json",
+                                                          args.check_episodes)
             directory = OUT / "sim_to_real" / task
             if "frozen" in args.arms:
                 curves["frozen"] = cached(OUT / "sim_to_real" / label / f"frozen-{seed}.json",
@@ -341,17 +354,47 @@ def main() -> None:
                 # One file per budget: loops run with other settings take other real steps, and each keeps its baseline.
                 scored = "-score-data" if base.score_data else ""
                 curve = directory / f"{name}-{seed}-{scale * budget}steps{scored}.json"
-                agent = curve.with_suffix(".zip")
+                agents = curve.with_suffix(".agents")
                 curves[name] = cached(curve, arm_key(base, name, budget=scale * budget),
-                                      lambda scale=scale: real_arm(base, scale * budget, args.rounds, agent),
-                                      older=directory / f"{name}-{seed}.json", beside=agent)
+                                      lambda scale=scale: real_arm(base, scale * budget, args.rounds, agents),
+                                      older=directory / f"{name}-{seed}.json",
+                                      beside=agents / f"point{args.rounds - 1}.zip")
                 if args.check_episodes:
-                    curves[f"{name} check"] = final_check(base, agent, resolve_world(base),
+                    kept = [(p["real_steps_total"], agents / f"point{k}.zip") for k, p in enumerate(curves[name])]
+                    curves[f"{name} check"] = final_check(base, kept, resolve_world(base),
                                                           curve.with_suffix(f".check-{args.check_episodes}.json"),
                                                           args.check_episodes)
             runs.setdefault(label, {})[seed] = curves
             (OUT / "sim_to_real.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
     write_report(args, runs)
+
+
+def comparison(by_seed: dict, arms: list[str]) -> str:
+    """The loop's final real success against the other arms' (each seed's curves by arm): at the end, at equal real
+    steps, the real steps its mean curve takes to the real-env agent's final success, and RLVR against MLE-only."""
+    final = {arm: interval([c[arm][-1]["real_success"] for c in by_seed.values()]) for arm in arms}
+    (loop, loop_half), parts = final["loop"], []
+    # "Ahead" or "beats" only when the intervals over seeds do not overlap.
+    if "real-1x" in final:
+        real1, real1_half = final["real-1x"]
+        parts.append(f"against {real1:.2f} ± {real1_half:.2f} for the agent in the real env given the loop's "
+                     f"real-step budget ({'ahead' if loop - loop_half > real1 + real1_half else 'not ahead'})")
+        level = interval([c["loop"][-1]["real_success"] - success_at(c["real-1x"], c["loop"][-1]["real_steps_total"])
+                          for c in by_seed.values()])
+        parts.append(f"at equal real steps (each seed's real-env curve read at the loop's final steps) the loop is "
+                     f"{level[0]:+.2f} ± {level[1]:.2f} ahead (the interval "
+                     f"{'excludes' if level[0] - level[1] > 0 else 'includes'} zero)")
+        real_steps = np.mean([c["real-1x"][-1]["real_steps_total"] for c in by_seed.values()])
+        at = first_reaching(mean_curve([c["loop"] for c in by_seed.values()]), real1)
+        parts.append("its mean curve never reaches that" if at is None or real1 == 0 else
+                     f"its mean curve reaches it at {at} real steps, {real_steps / at:.1f}x fewer than the real "
+                     f"env's {real_steps:.0f} (target >= 3x)")
+    if "loop-mle" in final:
+        mle, mle_half = final["loop-mle"]
+        parts.append(f"RLVR refits end at {loop:.2f} against {mle:.2f} ± {mle_half:.2f} for MLE-only refits "
+                     f"({'RLVR ahead' if loop - loop_half > mle + mle_half else 'no difference beyond the intervals'}"
+                     f"{', MLE ahead' if mle - mle_half > loop + loop_half else ''})")
+    return f"the loop ends at {loop:.2f} ± {loop_half:.2f} real success" + (" " + "; ".join(parts) if parts else "")
 
 
 def write_report(args: argparse.Namespace, runs: dict) -> None:
@@ -388,6 +431,12 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
             mean = mean_curve([curves[arm] for curves in by_seed.values()])
             ax.plot([p["real_steps_total"] for p in mean], [p["real_success"] for p in mean], marker="o", color=f"C{k}",
                     linewidth=2.5, label=f"{arm} (mean of {len(by_seed)} seeds)")
+            if f"{arm} check" in next(iter(by_seed.values())):
+                checks = [curves[f"{arm} check"] for curves in by_seed.values()]
+                mean = mean_curve([c["points"] for c in checks])
+                ax.plot([p["real_steps_total"] for p in mean], [p["real_success"] for p in mean], marker="s",
+                        color=f"C{k}", linewidth=1.5, linestyle="--",
+                        label=f"{arm}, final check on {checks[0]['episodes']} episodes (mean)")
         ax.set(title=task, xlabel="real env steps (data and scoring)", ylabel="real success", ylim=(-0.05, 1.05))
         ax.set_xscale("log")
         ax.legend(fontsize=8)
@@ -396,30 +445,13 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
     fig.savefig(OUT / "sim_to_real.png", dpi=110)
     plt.close(fig)
     for task, by_seed in runs.items():
-        final = {arm: interval([c[arm][-1]["real_success"] for c in by_seed.values()]) for arm in arms}
-        (loop, loop_half), parts = final["loop"], []
-        # "Ahead" or "beats" only when the intervals over seeds do not overlap.
-        if "real-1x" in final:
-            real1, real1_half = final["real-1x"]
-            parts.append(f"against {real1:.2f} ± {real1_half:.2f} for the agent in the real env given the loop's "
-                         f"real-step budget ({'ahead' if loop - loop_half > real1 + real1_half else 'not ahead'})")
-            level = interval([c["loop"][-1]["real_success"] - success_at(c["real-1x"], c["loop"][-1]["real_steps_total"])
-                              for c in by_seed.values()])
-            parts.append(f"at equal real steps (each seed's real-env curve read at the loop's final steps) the loop is "
-                         f"{level[0]:+.2f} ± {level[1]:.2f} ahead (the interval "
-                         f"{'excludes' if level[0] - level[1] > 0 else 'includes'} zero)")
-            real_steps = np.mean([c["real-1x"][-1]["real_steps_total"] for c in by_seed.values()])
-            at = first_reaching(mean_curve([c["loop"] for c in by_seed.values()]), real1)
-            parts.append("its mean curve never reaches that" if at is None or real1 == 0 else
-                         f"its mean curve reaches it at {at} real steps, {real_steps / at:.1f}x fewer than the real "
-                         f"env's {real_steps:.0f} (target >= 3x)")
-        if "loop-mle" in final:
-            mle, mle_half = final["loop-mle"]
-            parts.append(f"RLVR refits end at {loop:.2f} against {mle:.2f} ± {mle_half:.2f} for MLE-only refits "
-                         f"({'RLVR ahead' if loop - loop_half > mle + mle_half else 'no difference beyond the intervals'}"
-                         f"{', MLE ahead' if mle - mle_half > loop + loop_half else ''})")
-        lines.append(f"- {task}: the loop ends at {loop:.2f} ± {loop_half:.2f} real success" +
-                     (" " + "; ".join(parts) if parts else "") + ".")
+        lines.append(f"- {task}: {comparison(by_seed, arms)}.")
+        if "loop check" in next(iter(by_seed.values())):
+            episodes = next(iter(by_seed.values()))["loop check"]["episodes"]
+            checked = [arm for arm in arms if f"{arm} check" in next(iter(by_seed.values()))]
+            lines.append(f"- {task}, every point scored again on {episodes} episodes (final check): "
+                         + comparison({seed: {arm: curves[f"{arm} check"]["points"] for arm in checked}
+                                       for seed, curves in by_seed.items()}, checked) + ".")
     report = [f"# Sim-to-real: the co-training loop against the same agent in the real env ({', '.join(runs)}; "
               f"seeds {args.seeds})", "",
               f"World models {args.checkpoint} (tabletop, PPO) and {args.text_checkpoint} (text, DQN); {args.rounds} "

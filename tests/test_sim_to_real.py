@@ -147,11 +147,19 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     assert "the loop is +0.38 ± 2.29 ahead (the interval includes zero)" in report
     assert (tmp_path / "sim_to_real.png").stat().st_size > 0
     # The final check (`--check-episodes`) adds each arm's real success on more episodes and its learned-real gap.
-    for seed, (real, learned) in enumerate([(0.5, 0.25), (0.75, 0.75)]):
-        runs["text"][seed]["loop check"] = {"episodes": 32, "real_success": real, "learned_success": learned}
-        runs["text"][seed]["real-1x check"] = {"episodes": 32, "real_success": 0.5, "learned_success": 0.5}
+    # On 32 episodes per point (`--check-episodes 32`), the loop's seed 0 does worse: its mean curve ends level with
+    # the real env's final 0.5 and reaches it only at its last point.
+    def check(points, learned):
+        return {"episodes": 32, "points": curve(*points), "real_success": points[-1][1], "learned_success": learned}
+
+    for seed, (loop, learned) in enumerate([(0.5, 0.25), (0.5, 0.5)]):
+        runs["text"][seed]["loop check"] = check([(400 + 100 * seed, 0.25), (900 + 100 * seed, loop)], learned)
+        runs["text"][seed]["real-1x check"] = check([(500, 0.0), (1500, 0.5)], 0.0)
     bench.write_report(argparse.Namespace(**{**vars(args), "check_episodes": 32}), runs)
     report = (tmp_path / "sim_to_real.md").read_text()
     assert "Final check: each arm's final agent on 32 episodes" in report
-    assert "| text | loop | 0.60 ± 2.54 | 950 | +0.00 | 0.62 ± 1.59 | -0.12 (-0.25, +0.00) | 1 of 2 | 450 |" in report
-    assert "| text | real-1x | 0.50 ± 1.27 | 1500 |  | 0.50 ± 0.00 | +0.00 (+0.00, +0.00) |" in report
+    assert "| text | loop | 0.60 ± 2.54 | 950 | +0.00 | 0.50 ± 0.00 | -0.12 (-0.25, +0.00) | 1 of 2 | 450 |" in report
+    assert "| text | real-1x | 0.50 ± 1.27 | 1500 |  | 0.50 ± 0.00 | -0.50 (-0.50, -0.50) |" in report
+    checked = report.split("every point scored again on 32 episodes (final check): ")[1]
+    assert checked.startswith("the loop ends at 0.50 ± 0.00 real success against 0.50 ± 0.00")
+    assert "its mean curve reaches it at 950 real steps, 1.6x fewer than the real env's 1500" in checked
