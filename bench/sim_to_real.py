@@ -92,6 +92,7 @@ class RealScoring(BaseCallback):
         if self.num_timesteps >= self.next:
             self.next += self.every
             world = resolve_world(self.config)
+            self.model.save(self.agents / f"point{len(self.points)}.zip")  # the agent scored, before it learns from it
             if self.config.score_data:  # learns from its scorings as the loop does, one gradient step per real step
                 with tempfile.TemporaryDirectory() as scored:
                     success, steps = score_text(self.model, self.config, world, Path(scored))
@@ -99,7 +100,6 @@ class RealScoring(BaseCallback):
             else:
                 success, steps = score_in_real(self.model, self.config, world)
             self.scoring_steps += steps
-            self.model.save(self.agents / f"point{len(self.points)}.zip")
             self.points.append({"real_steps_total": self.num_timesteps + self.scoring_steps, "real_success": success})
         return True
 
