@@ -87,6 +87,7 @@ class RealScoring(BaseCallback):
         super().__init__()
         self.every, self.config, self.next, self.scoring_steps, self.points = every, config, every, 0, []
         self.agents = agents
+        agents.mkdir(parents=True, exist_ok=True)
 
     def _on_step(self) -> bool:
         if self.num_timesteps >= self.next:
@@ -129,7 +130,6 @@ def real_arm(config: CoTrainConfig, budget: int, points: int, agents: Path) -> l
                     seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
     scoring = config.eval_episodes * config.steps_per_episode  # an upper bound of each scoring's steps
     every = max((budget - points * scoring) // points, 256)
-    agents.mkdir(parents=True, exist_ok=True)
     callback = RealScoring(every, config, agents)
     agent.learn(every * points, callback=callback)
     env.close()

@@ -568,12 +568,18 @@ def test_with_score_data_the_real_env_dqn_learns_from_its_scorings_too(no_change
     config = cotrain.CoTrainConfig(env=cotrain.TEXT_ENV, algo="dqn", checkpoint=str(no_change_checkpoint),
                                    eval_episodes=2, sim_steps=16, horizon=3, score_data=True)
     agent = cotrain.new_agent(config, real_env(config))
-    scoring = RealScoring(every=4, config=config)
+    scoring = RealScoring(every=4, config=config, agents=tmp_path / "agents")
     agent.learn(8, callback=scoring)
     scoring_steps = scoring.points[-1]["real_steps_total"] - 8
     assert len(scoring.points) == 2 and scoring_steps >= 2
     # Its replay buffer holds its own 8 steps and every scoring step.
     assert agent.replay_buffer.size() == 8 + scoring_steps
+    # Each point keeps the agent it scored: the last one before it learned from that scoring's episodes.
+    from stable_baselines3 import DQN
+
+    scored = DQN.load(tmp_path / "agents" / "point1.zip", device="cpu")
+    assert (tmp_path / "agents" / "point0.zip").is_file()
+    assert scored.num_timesteps == 8 and 0 < scored._n_updates < agent._n_updates
 
 
 def test_the_text_refit_repeats_the_steps_that_win_up_to_win_share():
