@@ -305,8 +305,8 @@ def main() -> None:
                         help="text: the loop's scorings are data too, and it scores before round 0 "
                              "(`CoTrainConfig.score_data`)")
     parser.add_argument("--check-episodes", type=int, default=0,
-                        help="score each loop's final agent again on this many episodes, real and learned "
-                             "(`final_check`); 0: off")
+                        help="score every point's agent of each arm again on this many real episodes, and the final "
+                             "one in its simulator (`final_check`); 0: off")
     parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS,
                         help="arms to run and report; the real-env arms take the loop's real steps as their budget")
     args = parser.parse_args()
@@ -463,9 +463,10 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
                  "and agent phase; " if args.score_data else "")
               + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
               "time). Intervals: 95% t over seeds."
-              + (f" Final check: each arm's final agent on {args.check_episodes} episodes (text: the games in the same "
-                 "seeded order, so 32 plays each game once), in the real env and in a simulator: a loop's last refit, "
-                 "the starting one for an agent trained in the real env." if args.check_episodes else ""),
+              + (f" Final check: every point's agent of each arm (but `frozen`) on {args.check_episodes} real "
+                 "episodes (text: the games in the same seeded order, so 32 plays each game once), and the final one "
+                 "in a simulator: a loop's last refit, the starting one for an agent trained in the real env."
+                 if args.check_episodes else ""),
               "", markdown_table(rows), "", *lines, "",
               "![curves](sim_to_real.png)", ""]
     (OUT / "sim_to_real.md").write_text("\n".join(report))

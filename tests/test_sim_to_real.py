@@ -146,9 +146,8 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     # Seed 0's real curve at 900 steps is 0.24 (0.56 behind the loop), seed 1's at 1000 steps 0.2 (0.2 behind).
     assert "the loop is +0.38 ± 2.29 ahead (the interval includes zero)" in report
     assert (tmp_path / "sim_to_real.png").stat().st_size > 0
-    # The final check (`--check-episodes`) adds each arm's real success on more episodes and its learned-real gap.
-    # On 32 episodes per point (`--check-episodes 32`), the loop's seed 0 does worse: its mean curve ends level with
-    # the real env's final 0.5 and reaches it only at its last point.
+    # The final check (`--check-episodes 32`) scores every point again on 32 episodes: there the loop's seed 0 does
+    # worse, its mean curve ends level with the real env's final 0.5 and reaches it only at its last point.
     def check(points, learned):
         return {"episodes": 32, "points": curve(*points), "real_success": points[-1][1], "learned_success": learned}
 
@@ -157,7 +156,7 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
         runs["text"][seed]["real-1x check"] = check([(500, 0.0), (1500, 0.5)], 0.0)
     bench.write_report(argparse.Namespace(**{**vars(args), "check_episodes": 32}), runs)
     report = (tmp_path / "sim_to_real.md").read_text()
-    assert "Final check: each arm's final agent on 32 episodes" in report
+    assert "Final check: every point's agent of each arm (but `frozen`) on 32 real episodes" in report
     assert "| text | loop | 0.60 ± 2.54 | 950 | +0.00 | 0.50 ± 0.00 | -0.12 (-0.25, +0.00) | 1 of 2 | 450 |" in report
     assert "| text | real-1x | 0.50 ± 1.27 | 1500 |  | 0.50 ± 0.00 | -0.50 (-0.50, -0.50) |" in report
     checked = report.split("every point scored again on 32 episodes (final check): ")[1]
