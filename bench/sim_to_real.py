@@ -155,17 +155,21 @@ def final_check(config: CoTrainConfig, agents: list[tuple[int, Path]], world: st
     """An arm's curve scored again: the agent of each point ((real steps, saved agent)) on `episodes` real episodes
     (text: the games in the same seeded order, so 32 plays each game once: the 16 a text loop never collected on
     too), and the final agent also in the simulator `world` (a loop's last refit; the starting one for an agent
-    trained in the real env). Like any final scoring it is not counted in the real-step budget. Kept in `path`."""
-    if path.is_file():
-        return json.loads(path.read_text())
-    load = DQN.load if config.algo == "dqn" else PPO.load
-    checked = replace(config, eval_episodes=episodes)
-    points = [{"real_steps_total": steps, "real_success": score_in_real(load(agent, device="cpu"), checked, world)[0]}
-              for steps, agent in agents]
-    check = {"episodes": episodes, "points": points, "real_success": points[-1]["real_success"],
-             "learned_success": learned_success(load(agents[-1][1], device="cpu"), world, checked, episodes)}
-    path.write_text(json.dumps(check))
-    return check
+    trained in the real env). Like any final scoring it is not counted in the real-step budget. Kept in `path`, and
+    computed again when the agents (a loop that has run more rounds, a real arm trained again) or the world differ."""
+
+    def check() -> dict:
+        load = DQN.load if config.algo == "dqn" else PPO.load
+        checked = replace(config, eval_episodes=episodes)
+        scored = [(steps, load(agent, device="cpu")) for steps, agent in agents]
+        points = [{"real_steps_total": steps, "real_success": score_in_real(agent, checked, world)[0]}
+                  for steps, agent in scored]
+        return {"episodes": episodes, "points": points, "real_success": points[-1]["real_success"],
+                "learned_success": learned_success(scored[-1][1], world, checked, episodes)}
+
+    key = {"episodes": episodes, "world": str(world),
+           "agents": [[steps, str(agent), agent.stat().st_mtime_ns] for steps, agent in agents]}
+    return cached(path, key, check)
 
 
 def loop_agents(out: Path, curve: list[dict]) -> list[tuple[int, Path]]:
@@ -206,14 +210,13 @@ def world_fingerprint(config: CoTrainConfig) -> str:
     return digest.hexdigest()[:16]
 
 
-def cached(path: Path, key: dict, compute, older: Path | None = None, beside: Path | None = None) -> list[dict]:
-    """An arm's curve, computed once for its settings: a rerun, or the run that gathers seeds other processes ran,
-    reuses it (the loop arms resume from their own run directories). `older`: where an earlier version of this
-    script kept the same curve, read if its settings match. `beside`: a file the computation also writes (the final
-    agent), computed again if it is missing."""
-    for candidate in (path, older):
-        if beside is not None and not beside.is_file():
-            break
+def cached(path: Path, key: dict, compute, older: Path | None = None, beside: Path | None = None):
+    """An arm's curve (or its final check), computed once for its settings: a rerun, or the run that gathers seeds
+    other processes ran, reuses it (the loop arms resume from their own run directories). `older`: where an earlier
+    version of this script kept the same curve, read if its settings match. `beside`: a file the computation also
+    writes (the final agent), computed again if it is missing."""
+    candidates = (path, older) if beside is None or beside.is_file() else ()
+    for candidate in candidates:
         if candidate is not None and candidate.is_file():
             saved = json.loads(candidate.read_text())
             if saved["key"] == key:
@@ -402,7 +405,9 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
     rows, lines = [], []
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.5), squeeze=False)
     for ax, (task, by_seed) in zip(axes[0], runs.items()):
+        first = next(iter(by_seed.values()))
         for k, arm in enumerate(arms):
+            checks = [curves[f"{arm} check"] for curves in by_seed.values()] if f"{arm} check" in first else []
             finals = [curves[arm][-1]["real_success"] for curves in by_seed.values()]
             steps = [curves[arm][-1]["real_steps_total"] for curves in by_seed.values()]
             mean, half = interval(finals)
@@ -411,8 +416,7 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
             if arm in ("loop", "loop-mle", "frozen"):
                 gaps = [curves[arm][-1]["learned_success"] - curves[arm][-1]["real_success"] for curves in by_seed.values()]
                 row["learned - real"] = f"{np.mean(gaps):+.2f}"
-            if f"{arm} check" in next(iter(by_seed.values())):
-                checks = [curves[f"{arm} check"] for curves in by_seed.values()]
+            if checks:
                 mean, half = interval([c["real_success"] for c in checks])
                 gaps = [c["learned_success"] - c["real_success"] for c in checks]
                 row[f"final check on {checks[0]['episodes']} episodes: real success"] = f"{mean:.2f} ± {half:.2f}"
@@ -431,8 +435,7 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
             mean = mean_curve([curves[arm] for curves in by_seed.values()])
             ax.plot([p["real_steps_total"] for p in mean], [p["real_success"] for p in mean], marker="o", color=f"C{k}",
                     linewidth=2.5, label=f"{arm} (mean of {len(by_seed)} seeds)")
-            if f"{arm} check" in next(iter(by_seed.values())):
-                checks = [curves[f"{arm} check"] for curves in by_seed.values()]
+            if checks:
                 mean = mean_curve([c["points"] for c in checks])
                 ax.plot([p["real_steps_total"] for p in mean], [p["real_success"] for p in mean], marker="s",
                         color=f"C{k}", linewidth=1.5, linestyle="--",
@@ -446,9 +449,10 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
     plt.close(fig)
     for task, by_seed in runs.items():
         lines.append(f"- {task}: {comparison(by_seed, arms)}.")
-        if "loop check" in next(iter(by_seed.values())):
-            episodes = next(iter(by_seed.values()))["loop check"]["episodes"]
-            checked = [arm for arm in arms if f"{arm} check" in next(iter(by_seed.values()))]
+        first = next(iter(by_seed.values()))
+        if "loop check" in first:
+            episodes = first["loop check"]["episodes"]
+            checked = [arm for arm in arms if f"{arm} check" in first]
             lines.append(f"- {task}, every point scored again on {episodes} episodes (final check): "
                          + comparison({seed: {arm: curves[f"{arm} check"]["points"] for arm in checked}
                                        for seed, curves in by_seed.items()}, checked) + ".")
