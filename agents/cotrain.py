@@ -462,8 +462,8 @@ def collect_text(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out:
     rng = np.random.default_rng([config.seed, state.round])
     with tqdm(total=config.real_steps, desc=f"round {state.round}: collect (real)", unit="step", leave=False) as bar:
         games = ((index, config.seed) for index in itertools.count(state.collect_seed))
-        wins, steps = play_text(agent, config, state.world, games, config.exploration, rng, out / "real", bar,
-                                budget=config.real_steps)
+        wins, steps = play_text(agent, config.steps_per_episode, state.world, games, config.exploration, rng,
+                                out / "real", bar, budget=config.real_steps)
     state.collect_seed += len(wins)
     return steps
 
@@ -476,24 +476,25 @@ def score_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, out: Pat
 
     games = scored_games(len(load_start_states(world)), config.eval_episodes, config.seed)
     with tqdm(desc="score (real, recorded)", unit="step", leave=False) as bar:
-        wins, steps = play_text(agent, config, world, iter(games), 0.0, np.random.default_rng(0), out, bar)
+        wins, steps = play_text(agent, config.steps_per_episode, world, iter(games), 0.0, np.random.default_rng(0),
+                                out, bar)
     return float(np.mean(wins)), steps
 
 
-def play_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, games, exploration: float,
+def play_text(agent: BaseAlgorithm, horizon: int, world: str, games, exploration: float,
               rng: np.random.Generator, out: Path, bar, budget: int | None = None) -> tuple[list[bool], int]:
     """The agent in the real games `games` yields ((start index, modulo the start states), reset seed), one episode
-    each, until they run out or `budget` steps are taken (whole episodes); with probability `exploration` a step
-    takes a uniformly random candidate. Every step a ByteSized32 record in out/transitions.jsonl.gz, and the steps
-    as the agent saw them in out/agent_transitions.npz (for `CoTrainConfig.real_updates`). Returns each episode's win
-    and the steps taken."""
+    each of at most `horizon` steps, until they run out or `budget` steps are taken (whole episodes); with
+    probability `exploration` a step takes a uniformly random candidate. Every step a ByteSized32 record in
+    out/transitions.jsonl.gz, and the steps as the agent saw them in out/agent_transitions.npz (for
+    `CoTrainConfig.real_updates`). Returns each episode's win and the steps taken."""
     from agents.textgame import RealTextWorldDiscreteEnv
     from envs.textworld import game_name
     from envs.textworld.play import Transition
     from rlvr_gym.data.textgame import textworld_record, write_transitions
 
     n = int(agent.action_space.n)
-    env = RealTextWorldDiscreteEnv(world, config.steps_per_episode, max_candidates=n,
+    env = RealTextWorldDiscreteEnv(world, horizon, max_candidates=n,
                                    obs_dim=int(agent.observation_space.shape[0]))
     records, steps, wins, seen = [], 0, [], {key: [] for key in AGENT_TRANSITION_KEYS}
     try:
@@ -526,6 +527,57 @@ def play_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, games, ex
     write_transitions(records, out)
     np.savez_compressed(out / AGENT_TRANSITIONS, **{k: np.asarray(v) for k, v in seen.items()})
     return wins, steps
+
+
+@dataclass
+class RecordPlayConfig:
+    agents: tuple[str, ...] = ()
+    """Saved SB3 text agents (.zip, e.g. a loop's round_NN/agent.zip or a real-env arm's pointK.zip)."""
+    algo: Literal["dqn", "ppo"] = "dqn"
+    """The agents' SB3 algorithm."""
+    out: str = "runs/textworld/agent-play"
+    """Output directory: transitions.jsonl.gz of every agent's play, and each agent's in agent_NN/."""
+    world: str = "textgame-rlvr"
+    """The world model whose start states (real TextWorld games) the agents play."""
+    episodes_per_game: int = 1
+    """Episodes of each agent in each game."""
+    exploration: float = 0.1
+    """Probability that a step takes a uniformly random candidate command instead of the agent's."""
+    horizon: int = DEFAULT_MAX_STEPS
+    seed: int = 0
+
+
+def record_play(config: RecordPlayConfig) -> dict:
+    """Trained agents' play in the real games, as ByteSized32 records: the states such agents drive a simulator into,
+    for a refit (`rlvr-gym train textgame-sft --textworld OUT`) that a co-training loop's own data, one agent's
+    play, covers less. An agent already recorded is skipped, so a killed run resumes."""
+    from rlvr_gym.data.textgame import TEXTWORLD_FILE, write_transitions
+    from rlvr_gym.sim.textgame import load_start_states
+
+    if not config.agents:
+        raise ValueError("--agents: give at least one saved agent (.zip)")
+    missing = [a for a in config.agents if not Path(a).is_file()]
+    if missing:
+        raise FileNotFoundError(f"no saved agent at {missing}")
+    world = world_dir(CoTrainConfig(env=TEXT_ENV), config.world)
+    out = Path(config.out)
+    games = len(load_start_states(world))
+    records, wins = [], []
+    for k, path in enumerate(config.agents):
+        part = out / f"agent_{k:02d}"
+        if not (part / "wins.json").is_file():
+            agent = (DQN if config.algo == "dqn" else PPO).load(path, device="cpu")
+            rng = np.random.default_rng([config.seed, k])
+            plays = [(index, config.seed + episode) for episode in range(config.episodes_per_game)
+                     for index in range(games)]
+            with tqdm(desc=f"agent {k}: {path}", unit="step", leave=False) as bar:
+                won, _ = play_text(agent, config.horizon, world, iter(plays), config.exploration, rng, part, bar)
+            atomic_write_text(part / "wins.json", json.dumps({"agent": str(path), "wins": won}))
+        with gzip.open(part / TEXTWORLD_FILE, "rt", encoding="utf-8") as f:
+            records += [json.loads(line) for line in f]
+        wins.append(float(np.mean(json.loads((part / "wins.json").read_text())["wins"])))
+    write_transitions(records, out)
+    return {"transitions": len(records), "agents": len(config.agents), "win_rate": wins, "out": str(out)}
 
 
 AGENT_TRANSITIONS = "agent_transitions.npz"

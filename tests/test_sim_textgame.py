@@ -648,3 +648,68 @@ def test_slot_q_network_scores_every_action_slot_with_the_same_weights(no_change
     env = make_sim_env(no_change_checkpoint, seed=0, max_steps=4)
     model = DQN(SlotDQNPolicy, env, learning_starts=8, buffer_size=64, train_freq=4, seed=0).learn(16)
     assert isinstance(model.q_net.q_net, SlotScorer) and model.predict(env.reset()[0])[0] in range(32)
+
+
+def test_record_play_writes_each_agents_real_games_as_refit_data_and_resumes(no_change_checkpoint, tmp_path,
+                                                                            monkeypatch):
+    import gzip
+
+    from stable_baselines3 import DQN
+
+    from agents import cotrain
+
+    monkeypatch.chdir(tmp_path)  # the real games compile into ./runs/textworld_games
+    env = make_sim_env(no_change_checkpoint, seed=0, max_steps=3)
+    paths = []
+    for seed in (0, 1):
+        DQN("MlpPolicy", env, learning_starts=8, buffer_size=64, seed=seed).learn(8).save(tmp_path / f"a{seed}.zip")
+        paths.append(str(tmp_path / f"a{seed}.zip"))
+    config = cotrain.RecordPlayConfig(agents=tuple(paths), out=str(tmp_path / "play"), world=str(no_change_checkpoint),
+                                      episodes_per_game=2, exploration=0.5, horizon=3)
+    result = cotrain.record_play(config)
+    with gzip.open(tmp_path / "play" / "transitions.jsonl.gz", "rt") as f:
+        records = [json.loads(line) for line in f]
+    starts = load_start_states(no_change_checkpoint)
+    # Two agents x two episodes x each game, at most three steps each; every record from one of the real games.
+    assert result["transitions"] == len(records) and 2 * 2 * len(starts) <= len(records) <= 2 * 2 * len(starts) * 3
+    assert {r["current_state"]["taskDesc"] for r in records} == {s.objective for s in starts}
+    assert all({"current_state", "action_state", "next_score_state"} <= set(r) for r in records)
+    assert len(result["win_rate"]) == 2 and all(0 <= w <= 1 for w in result["win_rate"])
+    # A rerun reads the recorded agents instead of playing them again.
+    stamp = (tmp_path / "play" / "agent_00" / "transitions.jsonl.gz").stat().st_mtime_ns
+    assert cotrain.record_play(config) == result
+    assert (tmp_path / "play" / "agent_00" / "transitions.jsonl.gz").stat().st_mtime_ns == stamp
+    with pytest.raises(FileNotFoundError, match="no saved agent"):
+        cotrain.record_play(replace(config, agents=(str(tmp_path / "missing.zip"),)))
+    with pytest.raises(ValueError, match="at least one"):
+        cotrain.record_play(replace(config, agents=()))
+
+
+def test_the_paid_bench_scores_agents_in_the_real_games_and_each_simulator_and_caches(no_change_checkpoint, tmp_path,
+                                                                                     monkeypatch):
+    from stable_baselines3 import DQN
+
+    from bench import text_agents_paid
+
+    monkeypatch.chdir(tmp_path)
+    env = make_sim_env(no_change_checkpoint, seed=0, max_steps=3)
+    agent = tmp_path / "a.zip"
+    DQN("MlpPolicy", env, learning_starts=8, buffer_size=64, seed=0).learn(8).save(agent)
+    other = tmp_path / "copy"
+    shutil.copytree(no_change_checkpoint, other)
+    names = [str(no_change_checkpoint), str(other)]
+    result = text_agents_paid.paid([agent], names, episodes=2, seed=0, cache=tmp_path / "cache")
+    row = result["rows"][0]
+    real = evaluate_in_real(DQN.load(agent), no_change_checkpoint, episodes=2, seed=0)["success_rate"]
+    # A do-nothing world model never predicts a win; the two copies of it pay the same.
+    assert row["real"] == real and row[names[0]] == row[names[1]] == 0.0
+    summary = {s["simulator"]: s for s in result["summary"]}
+    assert summary[names[0]]["learned - real"] == -real and summary[names[0]]["within 10 points"].endswith("of 1")
+    # Cached: a rerun plays nothing; a changed simulator is played again.
+    monkeypatch.setattr(text_agents_paid, "learned_success", lambda *a: pytest.fail("replayed a cached simulator"))
+    assert text_agents_paid.paid([agent], names, 2, 0, tmp_path / "cache")["rows"] == result["rows"]
+    (other / "config.json").write_text((other / "config.json").read_text() + " ")
+    monkeypatch.setattr(text_agents_paid, "learned_success", lambda *a: 0.5)
+    assert text_agents_paid.paid([agent], names, 2, 0, tmp_path / "cache")["rows"][0][names[1]] == 0.5
+    text_agents_paid.write_report(result, names, tmp_path)
+    assert "learned - real" in (tmp_path / "text_agents_paid.md").read_text()
