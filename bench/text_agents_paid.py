@@ -93,12 +93,18 @@ def summary(rows: list[dict], checkpoints: list[str]) -> list[dict]:
     return out
 
 
+def short(agent: str) -> str:
+    """An agent's path below bench.sim_to_real's directory, where the default agents are."""
+    path = Path(agent)
+    return str(path.relative_to(SIM_TO_REAL)) if path.is_relative_to(SIM_TO_REAL) else agent
+
+
 def write_report(result: dict, checkpoints: list[str], out: Path) -> None:
     (out / "text_agents_paid.json").write_text(json.dumps(result, indent=1))
     lines = [f"# What text simulators pay trained agents ({len(result['rows'])} agents, {result['episodes']} games "
              f"each, greedy, the same games in the real env and in each simulator)", "",
              markdown_table(result["summary"]), "",
-             markdown_table([{"agent": r["agent"], "real": r["real"], **{name: r[name] for name in checkpoints}}
+             markdown_table([{"agent": short(r["agent"]), "real": r["real"], **{name: r[name] for name in checkpoints}}
                              for r in result["rows"]]), ""]
     (out / "text_agents_paid.md").write_text("\n".join(lines))
 
