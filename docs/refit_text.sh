@@ -3,7 +3,8 @@
 # training data (scripted walkthroughs and random play in other games) does not cover. textgame-rlvr pays such agents
 # about a third of the games they really win (`python -m bench.text_agents_paid`).
 #
-#   WIN_SHARE=0.2 GRPO_WIN_SHARE=0.3 OUT=runs/refit bash docs/refit_text.sh   # the README's refit row
+#   bash docs/refit_text.sh                                                       # the README's refit rows
+#   WIN_SHARE=0 GRPO_WIN_SHARE=0 SFT_STEPS=300 OUT=runs/refit2 bash docs/refit_text.sh   # the row without repetition
 #
 # Inputs: the agents `python -m bench.sim_to_real --tasks text ... --arms loop loop-mle real-1x` kept for seeds 0 and
 # 1 (README, the bold text setting; SEEDS to choose others) and the world model's own TextWorld data
@@ -14,8 +15,8 @@ PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/refit}
 SEEDS=${SEEDS:-0 1}
 HELD_OUT=${HELD_OUT:-2 3}
-WIN_SHARE=${WIN_SHARE:-0}
-GRPO_WIN_SHARE=${GRPO_WIN_SHARE:-0}
+WIN_SHARE=${WIN_SHARE:-0.2}
+GRPO_WIN_SHARE=${GRPO_WIN_SHARE:-0.3}
 SFT_STEPS=${SFT_STEPS:-400}
 GRPO_STEPS=${GRPO_STEPS:-40}
 BOLD=${BOLD:-runs/bench/sim_to_real/text+real-updates+win0.2+surprise-outcome+replay+pretrain4096+score-data}
