@@ -550,7 +550,7 @@ class RecordPlayConfig:
 def record_play(config: RecordPlayConfig) -> dict:
     """Trained agents' play in the real games, as ByteSized32 records: the states such agents drive a simulator into,
     for a refit (`rlvr-gym train textgame-sft --textworld OUT`) that a co-training loop's own data, one agent's
-    play, covers less. An agent already recorded is skipped, so a killed run resumes."""
+    play, covers less. An agent already recorded with the same settings is skipped, so a killed run resumes."""
     from rlvr_gym.data.textgame import TEXTWORLD_FILE, write_transitions
     from rlvr_gym.sim.textgame import load_start_states
 
@@ -565,14 +565,17 @@ def record_play(config: RecordPlayConfig) -> dict:
     records, wins = [], []
     for k, path in enumerate(config.agents):
         part = out / f"agent_{k:02d}"
-        if not (part / "wins.json").is_file():
+        played = {"agent": str(path), "world": str(world), "episodes_per_game": config.episodes_per_game,
+                  "exploration": config.exploration, "horizon": config.horizon, "seed": config.seed}
+        recorded = json.loads((part / "wins.json").read_text()) if (part / "wins.json").is_file() else {}
+        if {key: v for key, v in recorded.items() if key != "wins"} != played:
             agent = (DQN if config.algo == "dqn" else PPO).load(path, device="cpu")
             rng = np.random.default_rng([config.seed, k])
             plays = [(index, config.seed + episode) for episode in range(config.episodes_per_game)
                      for index in range(games)]
             with tqdm(desc=f"agent {k}: {path}", unit="step", leave=False) as bar:
                 won, _ = play_text(agent, config.horizon, world, iter(plays), config.exploration, rng, part, bar)
-            atomic_write_text(part / "wins.json", json.dumps({"agent": str(path), "wins": won}))
+            atomic_write_text(part / "wins.json", json.dumps({**played, "wins": won}))
         with gzip.open(part / TEXTWORLD_FILE, "rt", encoding="utf-8") as f:
             records += [json.loads(line) for line in f]
         wins.append(float(np.mean(json.loads((part / "wins.json").read_text())["wins"])))

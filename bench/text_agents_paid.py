@@ -1,6 +1,6 @@
 """What text simulators pay trained agents against what the real games give them.
 
-    python -m bench.text_agents_paid --checkpoints textgame-rlvr textgame-refit  # runs/bench/text_agents_paid.{md,json}
+    python -m bench.text_agents_paid --checkpoints textgame-rlvr DIR   # runs/bench/text_agents_paid.{md,json}
     python -m bench.text_agents_paid --agents runs/cotrain/text-dqn/round_*/agent.zip --episodes 8
 
 `rlvr-gym evaluate-policies textgame` ranks a ladder of scripted policies; an agent trained in the real games plays

@@ -679,6 +679,8 @@ def test_record_play_writes_each_agents_real_games_as_refit_data_and_resumes(no_
     stamp = (tmp_path / "play" / "agent_00" / "transitions.jsonl.gz").stat().st_mtime_ns
     assert cotrain.record_play(config) == result
     assert (tmp_path / "play" / "agent_00" / "transitions.jsonl.gz").stat().st_mtime_ns == stamp
+    # Other settings play again.
+    assert cotrain.record_play(replace(config, episodes_per_game=1))["transitions"] < len(records)
     with pytest.raises(FileNotFoundError, match="no saved agent"):
         cotrain.record_play(replace(config, agents=(str(tmp_path / "missing.zip"),)))
     with pytest.raises(ValueError, match="at least one"):
