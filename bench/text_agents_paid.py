@@ -22,6 +22,7 @@ import numpy as np
 from stable_baselines3 import DQN
 
 from agents.cotrain import TEXT_ENV, CoTrainConfig, learned_success, score_in_real, world_dir
+from bench.sim_to_real import cached
 from rlvr_gym.evaluation.policies import pearson
 from rlvr_gym.evaluation.report import markdown_table
 
@@ -44,33 +45,24 @@ def fingerprint(path: Path) -> str:
                           .encode()).hexdigest()[:16]
 
 
-def cached(path: Path, key: dict, compute) -> float:
-    if path.is_file():
-        saved = json.loads(path.read_text())
-        if saved["key"] == key:
-            return saved["value"]
-    value = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "value": value}))
-    return value
-
-
 def paid(agents: list[Path], checkpoints: list[str], episodes: int, seed: int, cache: Path) -> dict:
     """Real success and each simulator's success per agent, from the same games."""
     # Every game in one batch: batched generation is the cost.
     config = CoTrainConfig(env=TEXT_ENV, algo="dqn", eval_episodes=episodes, seed=seed, num_envs=episodes)
     worlds = {name: world_dir(config, name) for name in checkpoints}
+    prints = {name: fingerprint(Path(world)) for name, world in worlds.items()}
+    # The real games are the simulators' start states; the first simulator's copy of them is played.
+    first = worlds[checkpoints[0]]
+    games = fingerprint(Path(first) / "textworld_start_states.json")
     rows = []
     for agent_path in agents:
         agent = DQN.load(agent_path, device="cpu")
         tag = hashlib.sha256(str(agent_path.resolve()).encode()).hexdigest()[:12]
         base = {"agent": str(agent_path), "agent_print": fingerprint(agent_path), "episodes": episodes, "seed": seed}
-        # The real games are the simulators' start states; the first simulator's copy of them is played.
-        first = worlds[checkpoints[0]]
-        row = {"agent": str(agent_path), "real": cached(cache / f"{tag}-real.json", {**base, "games": fingerprint(
-            Path(first) / "textworld_start_states.json")}, lambda: score_in_real(agent, config, first)[0])}
+        row = {"agent": str(agent_path), "real": cached(cache / f"{tag}-real.json", {**base, "games": games},
+                                                        lambda: score_in_real(agent, config, first)[0])}
         for name, world in worlds.items():
-            key = {**base, "world": str(world), "world_print": fingerprint(Path(world))}
+            key = {**base, "world": str(world), "world_print": prints[name]}
             world_tag = hashlib.sha256(str(world).encode()).hexdigest()[:8]
             row[name] = cached(cache / f"{tag}-{world_tag}.json", key,
                                lambda world=world: learned_success(agent, world, config, episodes))
