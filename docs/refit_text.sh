@@ -12,12 +12,15 @@
 # ones the last step scores it with. About 50 minutes on the project's 2-core CPU.
 set -eu
 PY=${PY:-.venv/bin/python}
+TORCHRUN=${TORCHRUN:-$(dirname "$PY")/torchrun}
 OUT=${OUT:-runs/refit}
 SEEDS=${SEEDS:-0 1}
 HELD_OUT=${HELD_OUT:-2 3}
 WIN_SHARE=${WIN_SHARE:-0.2}
 GRPO_WIN_SHARE=${GRPO_WIN_SHARE:-0.3}
 SFT_STEPS=${SFT_STEPS:-400}
+RANDOM_EPISODES=${RANDOM_EPISODES:-0}
+SCORE=${SCORE:-sft rlvr}  # the stages scored as shipped simulators
 GRPO_STEPS=${GRPO_STEPS:-40}
 BOLD=${BOLD:-runs/bench/sim_to_real/text+real-updates+win0.2+surprise-outcome+replay+pretrain4096+score-data}
 REAL=${REAL:-runs/bench/sim_to_real/text}
@@ -33,6 +36,14 @@ agents() {  # a seed's agents: the real-env DQN's scored ones, the loop's pretra
 }
 
 plays=()
+if [ "$RANDOM_EPISODES" -gt 0 ]; then
+  # Uniformly random commands (exploration 1: the agent's own choice is never taken, it only sets the action and
+  # observation sizes) in the same games: the real outcomes of the play an exploiting agent starts from. Other seeds
+  # than the probe's.
+  $PY -m rlvr_gym collect text-agents --agents "$(ls "$REAL"/real-1x-0-*steps-score-data.agents/point0.zip | head -1)" \
+    --exploration 1 --episodes-per-game "$RANDOM_EPISODES" --seed 100 --out "$OUT/random"
+  plays+=("$OUT/random/transitions.jsonl.gz")
+fi
 for s in $SEEDS; do
   # shellcheck disable=SC2046
   $PY -m rlvr_gym collect text-agents --agents $(agents "$s") --out "$OUT/play-seed$s" --seed "$s"
@@ -41,11 +52,11 @@ done
 cat "${plays[@]}" > "$OUT/playonly/transitions.jsonl.gz"
 cat runs/textworld/train/transitions.jsonl.gz "${plays[@]}" > "$OUT/mix/transitions.jsonl.gz"
 
-torchrun --standalone --nproc-per-node 2 -m rlvr_gym train textgame-sft --run-dir "$OUT/sft" \
+"$TORCHRUN" --standalone --nproc-per-node 2 -m rlvr_gym train textgame-sft --run-dir "$OUT/sft" \
   --model rlvr_gym/checkpoints/textgame-rlvr --textworld "$OUT/mix" --win-share "$WIN_SHARE" \
   --eval-accuracy-examples 0 --eval-data "" --sft.steps "$SFT_STEPS" --sft.lr 2e-4 --sft.warmup-steps 10 \
   --sft.batch-size 16 --sft.micro-batch 2 --sft.save-every 50 --sft.threads 1
-torchrun --standalone --nproc-per-node 2 -m rlvr_gym train textgame-rlvr --run-dir "$OUT/rlvr" \
+"$TORCHRUN" --standalone --nproc-per-node 2 -m rlvr_gym train textgame-rlvr --run-dir "$OUT/rlvr" \
   --model "$OUT/sft/final" --data "$OUT/playonly/transitions.jsonl.gz" --win-share "$GRPO_WIN_SHARE" \
   --reward binary --eval-accuracy-examples 0 --eval-data "" --grpo.steps "$GRPO_STEPS" --grpo.lr 5e-5 \
   --grpo.prompts-per-step 4 --grpo.group-size 8 --grpo.max-new-tokens 128 --grpo.temperature 0.7 --grpo.beta 0 \
@@ -64,8 +75,10 @@ for s in $HELD_OUT; do
   held_out+=("$real/point2.zip" "$(ls -d "$BOLD"/loop-"$s"-* | head -1)/round_02/agent.zip"
              "$(ls -d "$BOLD"/loop-mle-"$s"-* | head -1)/round_02/agent.zip")
 done
-for stage in sft rlvr; do
+for stage in $SCORE; do
   $PY -m rlvr_gym evaluate-policies textgame --checkpoint "$OUT/ship-$stage" --episodes 32 > "$OUT/pe-$stage.json"
   $PY -m rlvr_gym probe textgame --checkpoint "$OUT/ship-$stage" --starts 32 --out "$OUT/probe-$stage"
 done
-$PY -m bench.text_agents_paid --checkpoints textgame-rlvr "$OUT/ship-sft" "$OUT/ship-rlvr" --agents "${held_out[@]}"
+# shellcheck disable=SC2046
+$PY -m bench.text_agents_paid --checkpoints textgame-rlvr $(for stage in $SCORE; do echo "$OUT/ship-$stage"; done) \
+  --agents "${held_out[@]}"
