@@ -33,3 +33,21 @@ def test_a_nested_flag_the_command_sets_itself_is_refused_before_training(flags,
 def test_rt1_rlvr_refuses_a_max_new_tokens_it_sets_from_the_horizon(tmp_path):
     with pytest.raises(ValueError, match="--grpo.max-new-tokens is set by this command .*here to 65"):
         main(["train", "rt1-rlvr", "--model", "rt1-mle", "--out", str(tmp_path / "rlvr"), "--grpo.max-new-tokens", "7"])
+
+
+def test_the_docs_scripts_parse_and_name_real_commands():
+    """The reproduction scripts under docs/ run for hours, so a typo there shows up late: each must parse, call only
+    commands the CLI has, and take torchrun from the venv (a fresh shell has no torchrun on PATH)."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    scripts = sorted((Path(__file__).resolve().parents[1] / "docs").glob("*.sh"))
+    assert scripts
+    for script in scripts:
+        subprocess.run(["bash", "-n", str(script)], check=True)
+        text = script.read_text()
+        for words in re.findall(r"-m rlvr_gym ((?:[a-z][a-z0-9-]* ?)+)", text):
+            words = words.split()
+            assert " ".join(words[:1]) in COMMANDS or " ".join(words[:2]) in COMMANDS, f"{script.name}: {words}"
+        assert not re.search(r"^\s*torchrun\b", text, re.M), f"{script.name} calls torchrun from PATH"
