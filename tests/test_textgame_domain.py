@@ -503,6 +503,7 @@ def test_accuracy_table_on_fixture():
         "n": 5,
         "n_changed": 4,
         "n_wins": 1,
+        "n_predicted_wins": 1,
     }
     baseline = tg.accuracy_table(tg.no_change_predictions(transitions), transitions)
     assert baseline["accuracy"] == 1 / 5 and baseline["accuracy_changed"] == 0.0
@@ -519,7 +520,8 @@ def test_accuracy_table_scores_predicted_wins():
     win = tg.format_target(tg.make_diff(CURRENT, won))
     table = tg.accuracy_table([win, tg.format_target(tg.make_diff(CURRENT, HEATED)), win], transitions)
     assert table["n_wins"] == 2 and table["win_recall"] == 1 / 2, "the second win was predicted as a plain step"
-    assert table["win_precision"] == 1 / 2, "the third transition does not win but was predicted to"
+    assert table["win_precision"] == 1 / 2 and table["n_predicted_wins"] == 2, \
+        "the third transition does not win but was predicted to"
     assert tg.accuracy_table(["not json"], transitions[:1])["win_recall"] == 0.0
 
 

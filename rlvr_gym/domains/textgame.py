@@ -240,7 +240,8 @@ def task_reward(completions: list[str], current: list[State], next: list[State],
 def accuracy_table(preds: Sequence[str], transitions: Sequence[Transition]) -> dict[str, float]:
     """Exact-match accuracy of predicted targets, overall and on changed / unchanged transitions, and how well wins
     are predicted (a simulator that never predicts the winning step cannot tell good policies from bad): win_recall
-    over the transitions that win, win_precision over those predicted to win (NaN where there are none)."""
+    over the transitions that win (n_wins), win_precision over those predicted to win (n_predicted_wins; NaN where
+    there are none)."""
     if len(preds) != len(transitions) or not transitions:
         raise ValueError(f"need one prediction per transition and at least one: got {len(preds)} and {len(transitions)}")
     correct = {True: [], False: []}
@@ -268,6 +269,7 @@ def accuracy_table(preds: Sequence[str], transitions: Sequence[Transition]) -> d
         "n": n,
         "n_changed": len(correct[True]),
         "n_wins": len(predicted_win_when_won),
+        "n_predicted_wins": len(won_when_predicted),
     }
 
 
