@@ -6,6 +6,9 @@
 #   bash docs/refit_text.sh                                                       # the README's refit rows
 #   WIN_SHARE=0 GRPO_WIN_SHARE=0 SFT_STEPS=300 OUT=runs/refit2 bash docs/refit_text.sh   # the row without repetition
 #   RANDOM_EPISODES=4 SCORE=rlvr OUT=runs/refit3 bash docs/refit_text.sh        # the row with random play added
+#   SFT_STEPS=0 GRPO_FROM=runs/refit/rlvr/final GRPO_DATA=runs/refit4/random/transitions.jsonl.gz SURPRISE=0.5 \
+#     GRPO_WIN_SHARE=0 RANDOM_EPISODES=4 SCORE=rlvr OUT=runs/refit4 bash docs/refit_text.sh
+#                                                   # the row with GRPO on the random steps the first refit gets wrong
 #
 # Inputs: the agents `python -m bench.sim_to_real --tasks text ... --arms loop loop-mle real-1x` kept for seeds 0 and
 # 1 (README, the bold text setting; SEEDS to choose others) and the world model's own TextWorld data
@@ -22,6 +25,9 @@ GRPO_WIN_SHARE=${GRPO_WIN_SHARE:-0.3}
 SFT_STEPS=${SFT_STEPS:-400}
 RANDOM_EPISODES=${RANDOM_EPISODES:-0}
 SCORE=${SCORE:-sft rlvr}  # the stages scored as shipped simulators
+GRPO_FROM=${GRPO_FROM:-$OUT/sft/final}  # with SFT_STEPS=0, GRPO alone on another model
+GRPO_DATA=${GRPO_DATA:-$OUT/playonly/transitions.jsonl.gz}
+SURPRISE=${SURPRISE:-0}  # share of GRPO prompts from steps whose outcome (score, game end, win) the model gets wrong
 GRPO_STEPS=${GRPO_STEPS:-40}
 BOLD=${BOLD:-runs/bench/sim_to_real/text+real-updates+win0.2+surprise-outcome+replay+pretrain4096+score-data}
 REAL=${REAL:-runs/bench/sim_to_real/text}
@@ -53,17 +59,19 @@ done
 cat "${plays[@]}" > "$OUT/playonly/transitions.jsonl.gz"
 cat runs/textworld/train/transitions.jsonl.gz "${plays[@]}" > "$OUT/mix/transitions.jsonl.gz"
 
-"$TORCHRUN" --standalone --nproc-per-node 2 -m rlvr_gym train textgame-sft --run-dir "$OUT/sft" \
-  --model rlvr_gym/checkpoints/textgame-rlvr --textworld "$OUT/mix" --win-share "$WIN_SHARE" \
-  --eval-accuracy-examples 0 --eval-data "" --sft.steps "$SFT_STEPS" --sft.lr 2e-4 --sft.warmup-steps 10 \
-  --sft.batch-size 16 --sft.micro-batch 2 --sft.save-every 50 --sft.threads 1
+if [ "$SFT_STEPS" -gt 0 ]; then
+  "$TORCHRUN" --standalone --nproc-per-node 2 -m rlvr_gym train textgame-sft --run-dir "$OUT/sft" \
+    --model rlvr_gym/checkpoints/textgame-rlvr --textworld "$OUT/mix" --win-share "$WIN_SHARE" \
+    --eval-accuracy-examples 0 --eval-data "" --sft.steps "$SFT_STEPS" --sft.lr 2e-4 --sft.warmup-steps 10 \
+    --sft.batch-size 16 --sft.micro-batch 2 --sft.save-every 50 --sft.threads 1
+fi
 "$TORCHRUN" --standalone --nproc-per-node 2 -m rlvr_gym train textgame-rlvr --run-dir "$OUT/rlvr" \
-  --model "$OUT/sft/final" --data "$OUT/playonly/transitions.jsonl.gz" --win-share "$GRPO_WIN_SHARE" \
-  --reward binary --eval-accuracy-examples 0 --eval-data "" --grpo.steps "$GRPO_STEPS" --grpo.lr 5e-5 \
+  --model "$GRPO_FROM" --data "$GRPO_DATA" --win-share "$GRPO_WIN_SHARE" \
+  --surprise-prompts "$SURPRISE" --surprise-on outcome --reward binary --eval-accuracy-examples 0 --eval-data "" --grpo.steps "$GRPO_STEPS" --grpo.lr 5e-5 \
   --grpo.prompts-per-step 4 --grpo.group-size 8 --grpo.max-new-tokens 128 --grpo.temperature 0.7 --grpo.beta 0 \
   --grpo.micro-batch 8 --grpo.save-every 5 --grpo.eval-every 0 --grpo.threads 1 --grpo.dynamic-sampling \
   --grpo.max-draws 8
-for stage in sft rlvr; do
+for stage in rlvr $([ "$SFT_STEPS" -gt 0 ] && echo sft); do
   $PY -m rlvr_gym ship --src "$OUT/$stage/final" --name "textgame-refit-$stage" --domain textgame \
     --out "$OUT/ship-$stage"
 done
