@@ -24,7 +24,7 @@ WIN_SHARE=${WIN_SHARE:-0.2}
 GRPO_WIN_SHARE=${GRPO_WIN_SHARE:-0.3}
 SFT_STEPS=${SFT_STEPS:-400}
 RANDOM_EPISODES=${RANDOM_EPISODES:-0}
-SCORE=${SCORE:-sft rlvr}  # the stages scored as shipped simulators
+SCORE=${SCORE:-$([ "$SFT_STEPS" -gt 0 ] && echo "sft rlvr" || echo rlvr)}  # the stages scored as shipped simulators
 GRPO_FROM=${GRPO_FROM:-$OUT/sft/final}  # with SFT_STEPS=0, GRPO alone on another model
 GRPO_DATA=${GRPO_DATA:-$OUT/playonly/transitions.jsonl.gz}
 SURPRISE=${SURPRISE:-0}  # share of GRPO prompts from steps whose outcome (score, game end, win) the model gets wrong
@@ -66,8 +66,9 @@ if [ "$SFT_STEPS" -gt 0 ]; then
     --sft.batch-size 16 --sft.micro-batch 2 --sft.save-every 50 --sft.threads 1
 fi
 "$TORCHRUN" --standalone --nproc-per-node 2 -m rlvr_gym train textgame-rlvr --run-dir "$OUT/rlvr" \
-  --model "$GRPO_FROM" --data "$GRPO_DATA" --win-share "$GRPO_WIN_SHARE" \
-  --surprise-prompts "$SURPRISE" --surprise-on outcome --reward binary --eval-accuracy-examples 0 --eval-data "" --grpo.steps "$GRPO_STEPS" --grpo.lr 5e-5 \
+  --model "$GRPO_FROM" --data "$GRPO_DATA" --win-share "$GRPO_WIN_SHARE" --surprise-prompts "$SURPRISE" \
+  --surprise-on outcome --reward binary --eval-accuracy-examples 0 --eval-data "" --grpo.steps "$GRPO_STEPS" \
+  --grpo.lr 5e-5 \
   --grpo.prompts-per-step 4 --grpo.group-size 8 --grpo.max-new-tokens 128 --grpo.temperature 0.7 --grpo.beta 0 \
   --grpo.micro-batch 8 --grpo.save-every 5 --grpo.eval-every 0 --grpo.threads 1 --grpo.dynamic-sampling \
   --grpo.max-draws 8
