@@ -1,4 +1,7 @@
 import importlib
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -38,10 +41,6 @@ def test_rt1_rlvr_refuses_a_max_new_tokens_it_sets_from_the_horizon(tmp_path):
 def test_the_docs_scripts_parse_and_name_real_commands():
     """The reproduction scripts under docs/ run for hours, so a typo there shows up late: each must parse, call only
     commands the CLI has, and take torchrun from the venv (a fresh shell has no torchrun on PATH)."""
-    import re
-    import subprocess
-    from pathlib import Path
-
     scripts = sorted((Path(__file__).resolve().parents[1] / "docs").glob("*.sh"))
     assert scripts
     for script in scripts:
