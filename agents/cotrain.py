@@ -575,10 +575,11 @@ def record_play(config: RecordPlayConfig) -> dict:
                      for index in range(games)]
             with tqdm(desc=f"agent {k}: {path}", unit="step", leave=False) as bar:
                 won, _ = play_text(agent, config.horizon, world, iter(plays), config.exploration, rng, part, bar)
-            atomic_write_text(part / "wins.json", json.dumps({**played, "wins": won}))
+            recorded = {**played, "wins": won}
+            atomic_write_text(part / "wins.json", json.dumps(recorded))
         with gzip.open(part / TEXTWORLD_FILE, "rt", encoding="utf-8") as f:
             records += [json.loads(line) for line in f]
-        wins.append(float(np.mean(json.loads((part / "wins.json").read_text())["wins"])))
+        wins.append(float(np.mean(recorded["wins"])))
     write_transitions(records, out)
     return {"transitions": len(records), "agents": len(config.agents), "win_rate": wins, "out": str(out)}
 
