@@ -63,7 +63,7 @@ from agents.cotrain import (
     score_text,
 )
 from rlvr_gym.evaluation.report import markdown_table
-from rlvr_gym.files import path_label
+from rlvr_gym.files import content_fingerprint, path_label
 
 OUT = Path("runs/bench")
 ARMS = ["loop", "loop-mle", "frozen", "real-1x", "real-10x"]
@@ -200,14 +200,9 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
 
 
 def world_fingerprint(config: CoTrainConfig) -> str:
-    """A hash of the starting world model's settings files, so that a changed checkpoint (say, a new success
-    threshold or hold) is not read from an old curve."""
-    world = Path(resolve_world(config))
-    digest = hashlib.sha256()
-    for name in ("world_model.json", "config.json", "generation_config.json"):
-        if (world / name).is_file():
-            digest.update((world / name).read_bytes())
-    return digest.hexdigest()[:16]
+    """A hash of every file of the starting world model (weights, settings, start states), so that a changed
+    checkpoint (new weights, a new success threshold or hold) is not read from an old curve."""
+    return content_fingerprint(resolve_world(config))
 
 
 def cached(path: Path, key: dict, compute, older: Path | None = None, beside: Path | None = None):

@@ -25,6 +25,7 @@ from agents.cotrain import TEXT_ENV, CoTrainConfig, learned_success, score_in_re
 from bench.sim_to_real import cached
 from rlvr_gym.evaluation.policies import pearson
 from rlvr_gym.evaluation.report import markdown_table
+from rlvr_gym.files import content_fingerprint
 
 OUT = Path("runs/bench")
 SIM_TO_REAL = OUT / "sim_to_real"
@@ -38,27 +39,20 @@ def default_agents() -> list[Path]:
     return real + loops
 
 
-def fingerprint(path: Path) -> str:
-    """Changes when any file of a model directory (weights, start states) or an agent file changes."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return hashlib.sha256("".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns};" for p in files)
-                          .encode()).hexdigest()[:16]
-
-
 def paid(agents: list[Path], checkpoints: list[str], episodes: int, seed: int, cache: Path) -> dict:
     """Real success and each simulator's success per agent, from the same games."""
     # Every game in one batch: batched generation is the cost.
     config = CoTrainConfig(env=TEXT_ENV, algo="dqn", eval_episodes=episodes, seed=seed, num_envs=episodes)
     worlds = {name: world_dir(config, name) for name in checkpoints}
-    prints = {name: fingerprint(Path(world)) for name, world in worlds.items()}
+    prints = {name: content_fingerprint(Path(world)) for name, world in worlds.items()}
     # The real games are the simulators' start states; the first simulator's copy of them is played.
     first = worlds[checkpoints[0]]
-    games = fingerprint(Path(first) / "textworld_start_states.json")
+    games = content_fingerprint(Path(first) / "textworld_start_states.json")
     rows = []
     for agent_path in agents:
         agent = DQN.load(agent_path, device="cpu")
         tag = hashlib.sha256(str(agent_path.resolve()).encode()).hexdigest()[:12]
-        base = {"agent": str(agent_path), "agent_print": fingerprint(agent_path), "episodes": episodes, "seed": seed}
+        base = {"agent": str(agent_path), "agent_print": content_fingerprint(agent_path), "episodes": episodes, "seed": seed}
         row = {"agent": str(agent_path), "real": cached(cache / f"{tag}-real.json", {**base, "games": games},
                                                         lambda: score_in_real(agent, config, first)[0])}
         for name, world in worlds.items():

@@ -1,8 +1,9 @@
-"""Files every layer writes and reads: atomic text writes, the JSONL log a training run keeps, and the error a
-missing or damaged checkpoint raises."""
+"""Files every layer writes and reads: atomic text writes, the JSONL log a training run keeps, the fingerprint a cache
+keys a model directory by, and the error a missing or damaged checkpoint raises."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -21,6 +22,21 @@ def read_log(run_dir: str | os.PathLike) -> list[dict]:
     """The records of RUN_DIR/log.jsonl, one dict per logged step ([] before the first)."""
     path = Path(run_dir) / LOG_FILE
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
+
+
+def content_fingerprint(path: str | os.PathLike) -> str:
+    """A hash of a file's bytes, or of every file of a directory (relative names and bytes): it changes when a weight,
+    a setting or a start state changes, and stays the same in a fresh clone, where every mtime is new."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.relative_to(path) if path.is_dir() else file.name}\0".encode())
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
 
 
 class CheckpointError(RuntimeError):

@@ -16,6 +16,7 @@ from agents.textgame import RealTextWorldDiscreteEnv, evaluate_in_real, make_sim
 from envs.textworld import TextWorldGame, in_uuid_order, make_game
 from rlvr_gym.data.textgame import train_tokenizer
 from rlvr_gym.domains.textgame import format_prompt, format_target, make_diff, parse_diff, rebuild, states_match
+from rlvr_gym.files import content_fingerprint
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
 from rlvr_gym.sim.textgame import (
     CHARSET,
@@ -710,7 +711,12 @@ def test_the_paid_bench_scores_agents_in_the_real_games_and_each_simulator_and_c
     # Cached: a rerun plays nothing; a changed simulator is played again.
     monkeypatch.setattr(text_agents_paid, "learned_success", lambda *a: pytest.fail("replayed a cached simulator"))
     assert text_agents_paid.paid([agent], names, 2, 0, tmp_path / "cache")["rows"] == result["rows"]
-    (other / "config.json").write_text((other / "config.json").read_text() + " ")
+    # A copy elsewhere (a fresh clone: new paths and mtimes) is the same simulator; new weights are not.
+    moved = tmp_path / "moved"
+    shutil.copytree(other, moved)
+    assert content_fingerprint(moved) == content_fingerprint(other)
+    weights = next(other.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + bytes([weights.read_bytes()[-1] ^ 1]))
     monkeypatch.setattr(text_agents_paid, "learned_success", lambda *a: 0.5)
     assert text_agents_paid.paid([agent], names, 2, 0, tmp_path / "cache")["rows"][0][names[1]] == 0.5
     text_agents_paid.write_report(result, names, tmp_path)

@@ -30,6 +30,10 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
     before = arm_key(text, "real-1x", budget=100)
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
     assert arm_key(text, "real-1x", budget=100) != before
+    # New weights under the same settings are a new world too.
+    before = arm_key(text, "real-1x", budget=100)
+    (tmp_path / "model.safetensors").write_bytes(b"\0")
+    assert arm_key(text, "real-1x", budget=100) != before
     # Nor does where the loop runs, whether it learns from its real steps, how its refits weight their data or whether
     # its agent pretrains change the other arms.
     dyna = replace(text, out="elsewhere", real_updates=True, win_share=0.2, surprise_on="outcome", pretrain_steps=64)
