@@ -481,11 +481,12 @@ def score_text(agent: BaseAlgorithm, config: CoTrainConfig, world: str, out: Pat
     return float(np.mean(wins)), steps
 
 
-def play_text(agent: BaseAlgorithm, horizon: int, world: str, games, exploration: float,
+def play_text(agent: BaseAlgorithm | None, horizon: int, world: str, games, exploration: float,
               rng: np.random.Generator, out: Path, bar, budget: int | None = None) -> tuple[list[bool], int]:
     """The agent in the real games `games` yields ((start index, modulo the start states), reset seed), one episode
     each of at most `horizon` steps, until they run out or `budget` steps are taken (whole episodes); with
-    probability `exploration` a step takes a uniformly random candidate. Every step a ByteSized32 record in
+    probability `exploration` a step takes a uniformly random candidate, and every step without an agent (None:
+    uniformly random play in the default spaces). Every step a ByteSized32 record in
     out/transitions.jsonl.gz, and the steps as the agent saw them in out/agent_transitions.npz (for
     `CoTrainConfig.real_updates`). Returns each episode's win and the steps taken."""
     from agents.textgame import RealTextWorldDiscreteEnv
@@ -493,9 +494,12 @@ def play_text(agent: BaseAlgorithm, horizon: int, world: str, games, exploration
     from envs.textworld.play import Transition
     from rlvr_gym.data.textgame import textworld_record, write_transitions
 
-    n = int(agent.action_space.n)
-    env = RealTextWorldDiscreteEnv(world, horizon, max_candidates=n,
-                                   obs_dim=int(agent.observation_space.shape[0]))
+    if agent is None:
+        env, exploration = RealTextWorldDiscreteEnv(world, horizon), 1.0
+    else:
+        env = RealTextWorldDiscreteEnv(world, horizon, max_candidates=int(agent.action_space.n),
+                                       obs_dim=int(agent.observation_space.shape[0]))
+    n = env.max_candidates
     records, steps, wins, seen = [], 0, [], {key: [] for key in AGENT_TRANSITION_KEYS}
     try:
         for index, reset_seed in games:
@@ -529,10 +533,15 @@ def play_text(agent: BaseAlgorithm, horizon: int, world: str, games, exploration
     return wins, steps
 
 
+RANDOM_PLAYER = "random"
+"""`RecordPlayConfig.agents` entry for uniformly random play."""
+
+
 @dataclass
 class RecordPlayConfig:
     agents: tuple[str, ...] = ()
-    """Saved SB3 text agents (.zip, e.g. a loop's round_NN/agent.zip or a real-env arm's pointK.zip)."""
+    """Saved SB3 text agents (.zip, e.g. a loop's round_NN/agent.zip or a real-env arm's pointK.zip), or `random`:
+    uniformly random candidate commands (the real outcomes of the play an exploiting agent starts from)."""
     algo: Literal["dqn", "ppo"] = "dqn"
     """The agents' SB3 algorithm."""
     out: str = "runs/textworld/agent-play"
@@ -542,7 +551,7 @@ class RecordPlayConfig:
     episodes_per_game: int = 1
     """Episodes of each agent in each game."""
     exploration: float = 0.1
-    """Probability that a step takes a uniformly random candidate command instead of the agent's."""
+    """Probability that a step takes a uniformly random candidate command instead of the agent's (`random`: 1)."""
     horizon: int = DEFAULT_MAX_STEPS
     seed: int = 0
 
@@ -556,7 +565,7 @@ def record_play(config: RecordPlayConfig) -> dict:
 
     if not config.agents:
         raise ValueError("--agents: give at least one saved agent (.zip)")
-    missing = [a for a in config.agents if not Path(a).is_file()]
+    missing = [a for a in config.agents if a != RANDOM_PLAYER and not Path(a).is_file()]
     if missing:
         raise FileNotFoundError(f"no saved agent at {missing}")
     world = world_dir(CoTrainConfig(env=TEXT_ENV), config.world)
@@ -565,11 +574,13 @@ def record_play(config: RecordPlayConfig) -> dict:
     records, wins = [], []
     for k, path in enumerate(config.agents):
         part = out / f"agent_{k:02d}"
+        random_play = path == RANDOM_PLAYER
         played = {"agent": str(path), "world": str(world), "episodes_per_game": config.episodes_per_game,
-                  "exploration": config.exploration, "horizon": config.horizon, "seed": config.seed}
+                  "exploration": 1.0 if random_play else config.exploration, "horizon": config.horizon,
+                  "seed": config.seed}
         recorded = json.loads((part / "wins.json").read_text()) if (part / "wins.json").is_file() else {}
         if {key: v for key, v in recorded.items() if key != "wins"} != played:
-            agent = (DQN if config.algo == "dqn" else PPO).load(path, device="cpu")
+            agent = None if random_play else (DQN if config.algo == "dqn" else PPO).load(path, device="cpu")
             rng = np.random.default_rng([config.seed, k])
             plays = [(index, config.seed + episode) for episode in range(config.episodes_per_game)
                      for index in range(games)]

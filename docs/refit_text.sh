@@ -44,11 +44,10 @@ agents() {  # a seed's agents: the real-env DQN's scored ones, the loop's pretra
 
 plays=()
 if [ "$RANDOM_EPISODES" -gt 0 ]; then
-  # Uniformly random commands (exploration 1: the agent's own choice is never taken, it only sets the action and
-  # observation sizes) in the same games: the real outcomes of the play an exploiting agent starts from. Other seeds
-  # than the probe's.
-  $PY -m rlvr_gym collect text-agents --agents "$(ls "$REAL"/real-1x-0-*steps-score-data.agents/point0.zip | head -1)" \
-    --exploration 1 --episodes-per-game "$RANDOM_EPISODES" --seed 100 --out "$OUT/random"
+  # Uniformly random commands in the same games: the real outcomes of the play an exploiting agent starts from.
+  # Other seeds than the probe's.
+  $PY -m rlvr_gym collect text-agents --agents random --episodes-per-game "$RANDOM_EPISODES" --seed 100 \
+    --out "$OUT/random"
   plays+=("$OUT/random/transitions.jsonl.gz")
 fi
 for s in $SEEDS; do

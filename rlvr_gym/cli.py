@@ -63,7 +63,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                                    "run_textgame_policy_eval",
                                    "a ladder of text policies scored in real TextWorld and the learned text env"),
     "collect text-agents": ("agents.cotrain", "RecordPlayConfig", "record_play",
-                            "record trained text agents' play in the real games, as a refit's data"),
+                            "record trained text agents' (or random) play in the real games, as a refit's data"),
     "train agent": ("agents.cotrain", "CoTrainConfig", "run_cotrain",
                     "co-training: an SB3 agent in a learned sim that its own real experience refits (MLE + GRPO)"),
     "ship": ("rlvr_gym.ship", "ShipConfig", "ship",

@@ -684,6 +684,13 @@ def test_record_play_writes_each_agents_real_games_as_refit_data_and_resumes(no_
     assert cotrain.record_play(replace(config, episodes_per_game=1))["transitions"] < len(records)
     with pytest.raises(FileNotFoundError, match="no saved agent"):
         cotrain.record_play(replace(config, agents=(str(tmp_path / "missing.zip"),)))
+    # `random` plays uniformly random candidates without a saved agent, whatever the exploration asked.
+    random_play = replace(config, agents=("random",), out=str(tmp_path / "random"), exploration=0.0)
+    assert cotrain.record_play(random_play)["transitions"] >= len(starts) * 2
+    assert json.loads((tmp_path / "random" / "agent_00" / "wins.json").read_text())["exploration"] == 1.0
+    with gzip.open(tmp_path / "random" / "transitions.jsonl.gz", "rt") as f:
+        commands = {json.loads(line)["action_state"]["lastAction"] for line in f}
+    assert len(commands) > 1
     with pytest.raises(ValueError, match="at least one"):
         cotrain.record_play(replace(config, agents=()))
 
