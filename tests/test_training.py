@@ -214,6 +214,11 @@ def test_two_processes_under_torchrun_shard_prompts_and_average_metrics(tmp_path
         mean = (seen[0][step]["reward"] + seen[1][step]["reward"]) / 2
         assert log[step + 1]["reward/mean"] == pytest.approx(mean), "logged metrics are averaged over ranks"
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    # A scan shared out: each item computed once, on one rank, and every rank gets every result in order.
+    scans = [json.loads((tmp_path / f"scan{rank}.json").read_text()) for rank in (0, 1)]
+    assert sorted(scans[0]["scanned"] + scans[1]["scanned"]) == list(range(7)) and all(s["scanned"] for s in scans)
+    assert scans[0]["results"] == scans[1]["results"] and [x for x, _ in scans[0]["results"]] == list(range(7))
+    assert {rank for _, rank in scans[0]["results"]} == {0, 1}
 
 
 def test_empty_completions_are_scored_and_counted_not_fatal(tmp_path, init_model):

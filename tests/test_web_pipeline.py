@@ -4,8 +4,8 @@ One browser records a small training set and a held-out set (another seed, one t
 else runs on what it recorded, with a tiny Llama.
 """
 
-import gzip
 import dataclasses
+import gzip
 import json
 import os
 import subprocess

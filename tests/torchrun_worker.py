@@ -1,4 +1,5 @@
-"""Run under torchrun by test_training.py: a short GRPO run whose reward records what each rank saw."""
+"""Run under torchrun by test_training.py: a short GRPO run whose reward records what each rank saw, then a scan
+shared out across the ranks."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import torch
 
 from rlvr_gym.train.demo import char_tokenizer, make_examples, sorted_digits_reward
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
+from rlvr_gym.train.run import map_across_ranks, setup_processes
 
 init_model, out = sys.argv[1], Path(sys.argv[2])
 rank = int(os.environ["RANK"])
@@ -26,4 +28,7 @@ config = GRPOConfig(run_dir=str(out / "run"), model=init_model, steps=3, prompts
                     max_new_tokens=6, lr=1e-2, beta=0.01, save_every=2)
 train_grpo(config, recording_reward, examples)
 (out / f"rank{rank}.json").write_text(json.dumps(seen))
+scanned = []
+results = map_across_ranks(setup_processes(1), list(range(7)), lambda part: scanned.extend(part) or [(x, rank) for x in part])
+(out / f"scan{rank}.json").write_text(json.dumps({"scanned": scanned, "results": results}))
 torch.distributed.destroy_process_group()

@@ -122,15 +122,25 @@ def rollout_examples(world: RobotWorldModel, episodes: list[Episode], depth: int
     return out
 
 
-def surprise_flags(world: RobotWorldModel, episodes: list[Episode], examples: list[dict]) -> np.ndarray:
+def surprise_flags(world: RobotWorldModel, episodes: list[Episode], examples: list[dict],
+                   d: RUN.Dist | None = None) -> np.ndarray:
     """Per single-step example: whether the model's greedy next frame is in the top quarter by L1 against the real
-    one, or its success flag (above 0.5) contradicts the real env's."""
-    where = [(ex["episode"], ex["t"]) for ex in examples]
-    predicted = predict_in_batches(world, [ex["prompt_ids"] for ex in examples], RolloutStart.of_episodes(episodes, where),
-                                   1, None)
-    real = np.stack([episodes[e].frames[t + 1] for e, t in where]).astype(np.float32)
-    error = np.abs(predicted.frames[:, 0].astype(np.float32) - real).mean(axis=(1, 2, 3))
-    flag_wrong = (predicted.success[:, 0] > 0.5) != np.array([episodes[e].success[t] for e, t in where])
+    one, or its success flag (above 0.5) contradicts the real env's. Under torchrun each rank predicts its share."""
+
+    def scan(part: list[dict]) -> list[tuple[float, bool]]:
+        if not part:  # fewer examples than ranks
+            return []
+        where = [(ex["episode"], ex["t"]) for ex in part]
+        predicted = predict_in_batches(world, [ex["prompt_ids"] for ex in part],
+                                       RolloutStart.of_episodes(episodes, where), 1, None)
+        real = np.stack([episodes[e].frames[t + 1] for e, t in where]).astype(np.float32)
+        error = np.abs(predicted.frames[:, 0].astype(np.float32) - real).mean(axis=(1, 2, 3))
+        flag_wrong = (predicted.success[:, 0] > 0.5) != np.array([episodes[e].success[t] for e, t in where])
+        return list(zip(error.tolist(), flag_wrong.tolist()))
+
+    results = RUN.map_across_ranks(d or RUN.Dist(0, 1, world.device), examples, scan)
+    error = np.array([e for e, _ in results])
+    flag_wrong = np.array([wrong for _, wrong in results], dtype=bool)
     return (error >= np.quantile(error, 0.75)) | flag_wrong
 
 
@@ -162,7 +172,7 @@ def run_rt1_rlvr(config: RT1RLVRConfig) -> Path:
     else:
         examples = rlvr_examples(world, episodes, config.horizon, codes)
         if config.surprise_prompts > 0:
-            surprising = surprise_flags(world, episodes, examples)
+            surprising = surprise_flags(world, episodes, examples, d)
             examples = repeat_moved(examples, surprising, config.surprise_prompts)
             log.info("%d prompts after repeating the %d most surprising", len(examples), int(surprising.sum()))
         if config.moved_prompts > 0:

@@ -76,6 +76,7 @@ RESUMABLE_CHANGES = {"resume", "steps", "save_every", "keep_checkpoints", "log_e
 
 
 Nested = TypeVar("Nested", bound=RunConfig)
+T = TypeVar("T")
 
 
 def set_by_command(nested: Nested, flag: str, **values) -> Nested:
@@ -137,6 +138,21 @@ def mean_across_ranks(d: Dist, metrics: dict[str, float]) -> dict[str, float]:
     values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=d.device)  # nccl: GPU only
     dist.all_reduce(values)
     return {k: v / d.world_size for k, v in zip(keys, values.tolist())}
+
+
+def map_across_ranks(d: Dist, items: Sequence[T], fn: Callable[[list[T]], list]) -> list:
+    """`fn` over `items` shared out: each rank takes every world_size-th item (long and short ones alike), and every
+    rank gets all the results, in the order of `items`. For a scan every rank needs whole, such as decoding the
+    training prompts before the prompts are weighted."""
+    mine = fn(list(items[d.rank :: d.world_size]))
+    if d.world_size == 1:
+        return mine
+    parts: list[list | None] = [None] * d.world_size
+    dist.all_gather_object(parts, mine)
+    results: list = [None] * len(items)
+    for rank, part in enumerate(parts):
+        results[rank :: d.world_size] = part
+    return results
 
 
 def any_rank(d: Dist, flag: bool) -> bool:

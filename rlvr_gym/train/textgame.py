@@ -49,7 +49,7 @@ from rlvr_gym.files import atomic_write_text
 from rlvr_gym.models.lm import LlamaSize, build_llama, load_model, load_tokenizer, parameter_count, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.train.grpo import GRPOConfig, train_grpo
-from rlvr_gym.train.run import barrier, record_config, set_by_command, setup_processes
+from rlvr_gym.train.run import barrier, map_across_ranks, record_config, set_by_command, setup_processes
 from rlvr_gym.train.sft import SFTConfig, train_sft
 
 log = logging.getLogger("rlvr_gym")
@@ -299,12 +299,22 @@ def run_textgame_rlvr(config: TextGameRLVRConfig) -> Path:
         model, _ = load_model(config.model)
         # Prompts too long to train on are dropped below anyway: not worth predicting.
         train = [t for t, p in zip(train, encode_prompts(tokenizer, train)) if len(p) <= config.max_prompt_tokens]
-        completions = [c[0] for c in sample_texts(model.eval(), tokenizer, encode_prompts(tokenizer, train),
-                                                  config.eval_batch_size, config.grpo.max_new_tokens)]
-        wrong = [r["score"] < 1 for r in binary_reward(completions, [t.current for t in train], [t.next for t in train])]
+
+        def errors(part: list[Transition]) -> list[tuple[bool, bool]]:
+            """(state wrong, outcome wrong) of the starting model's greedy prediction of each transition."""
+            if not part:  # fewer transitions than ranks
+                return []
+            completions = [c[0] for c in sample_texts(model.eval(), tokenizer, encode_prompts(tokenizer, part),
+                                                      config.eval_batch_size, config.grpo.max_new_tokens)]
+            scores = binary_reward(completions, [t.current for t in part], [t.next for t in part])
+            return [(r["score"] < 1, not outcome_matches(c, t.current, t.next))
+                    for r, c, t in zip(scores, completions, part)]
+
+        # Each rank decodes its share; every rank weights the whole list the same way.
+        results = map_across_ranks(d, train, errors)
+        wrong, outcome_wrong = [state for state, _ in results], [outcome for _, outcome in results]
         log.info("the starting model gets %d of %d training transitions wrong", sum(wrong), len(train))
         if config.surprise_on == "outcome":
-            outcome_wrong = [not outcome_matches(c, t.current, t.next) for c, t in zip(completions, train)]
             log.info("%d of them wrong about the outcome", sum(outcome_wrong))
             wrong = outcome_wrong if any(outcome_wrong) else wrong
         train = weight_toward(train, wrong, config.surprise_prompts)
