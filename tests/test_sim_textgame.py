@@ -55,20 +55,25 @@ def start_file(tmp_path_factory, game_dir) -> Path:
     return write_start_states(tmp_path_factory.mktemp("starts"), SEEDS, **SIZE, game_dir=game_dir)
 
 
-def make_checkpoint(directory: Path, start_file: Path, no_change_steps: int = 0) -> Path:
+WIN_TARGET = '{"s":{"s":1,"g":true,"w":true}}'
+"""The diff of a step that wins a game from score 0."""
+
+
+def make_checkpoint(directory: Path, start_file: Path, train_steps: int = 0, target: str = "{}") -> Path:
     """A real, tiny Llama with a BPE tokenizer trained on the start states' prompts, beside the start states.
 
-    Untrained (no_change_steps=0) it writes garbage; trained for a few steps on "{}" it predicts "no change".
+    Untrained (train_steps=0) it writes garbage; trained for a few steps on "{}" it predicts "no change", on
+    WIN_TARGET that every step wins.
     """
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copy(start_file, directory / START_STATES)
     starts = json.loads(start_file.read_text())["start_states"]
-    pairs = [(format_prompt(s["state"], c, s["objective"]), "{}") for s in starts for c in candidate_commands(s["state"])]
-    tokenizer = train_tokenizer([p for p, _ in pairs] + ["{}"], 1024)
+    pairs = [(format_prompt(s["state"], c, s["objective"]), target) for s in starts for c in candidate_commands(s["state"])]
+    tokenizer = train_tokenizer([p for p, _ in pairs] + [target] * 50, 1024)  # the target in a few tokens
     torch.manual_seed(0)
     model = build_llama(len(tokenizer), LlamaSize(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_positions=1024), tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for step in range(no_change_steps):
+    for step in range(train_steps):
         prompt, target = pairs[step % len(pairs)]
         p = [tokenizer.bos_token_id] + tokenizer(prompt, add_special_tokens=False)["input_ids"]
         y = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -88,7 +93,12 @@ def garbage_checkpoint(tmp_path_factory, start_file) -> Path:
 
 @pytest.fixture(scope="module")
 def no_change_checkpoint(tmp_path_factory, start_file) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("no_change"), start_file, no_change_steps=40)
+    return make_checkpoint(tmp_path_factory.mktemp("no_change"), start_file, train_steps=40)
+
+
+@pytest.fixture(scope="module")
+def always_win_checkpoint(tmp_path_factory, start_file) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("always_win"), start_file, train_steps=150, target=WIN_TARGET)
 
 
 def quiet_check_env(env) -> None:
@@ -275,6 +285,31 @@ def test_uncertainty_is_the_least_likely_token_and_the_guard_halts_or_charges_fo
     for bad in (dict(uncertainty_penalty=-1.0), dict(halt_uncertainty=0.0)):
         with pytest.raises(ValueError, match="uncertainty"):
             TextGameWorldEnv(no_change_checkpoint, **bad)
+
+
+def test_a_win_check_model_that_does_not_predict_the_win_halts_the_episode_unpaid(always_win_checkpoint,
+                                                                                    no_change_checkpoint):
+    env = TextGameWorldEnv(always_win_checkpoint)
+    _, info = env.reset(seed=0)
+    command = info["candidates"][0]
+    _, reward, terminated, truncated, info = env.step(command)
+    assert info["completion"] == WIN_TARGET and info["is_success"] and terminated and reward == 1.0
+    # A second model that predicts the same win lets it stand; one that predicts no change ends the episode unpaid.
+    for checker, stands in ((always_win_checkpoint, True), (no_change_checkpoint, False)):
+        checked = TextGameWorldEnv(always_win_checkpoint, win_check=checker)
+        checked.reset(seed=0)
+        _, reward, terminated, truncated, info = checked.step(command)
+        assert info["is_success"] == terminated == stands and info["halted"] == truncated == (not stands)
+        assert reward == float(stands)
+    # A step the first model does not call a win never asks the second.
+    quiet = TextGameWorldEnv(no_change_checkpoint, win_check=always_win_checkpoint)
+    quiet.reset(seed=0)
+    quiet.sim.check_wins = lambda claimed: pytest.fail(f"asked the second model about {claimed}")
+    assert not quiet.step(command)[4]["halted"]
+    vector = TextGameDiscreteVectorEnv(2, always_win_checkpoint, win_check=no_change_checkpoint)
+    vector.reset(seed=[0, 1])
+    _, reward, terminated, truncated, infos = vector.step(np.zeros(2, dtype=np.int64))
+    assert infos["halted"].all() and truncated.all() and not terminated.any() and (reward == 0).all()
 
 
 def test_unparsable_output_truncates_with_the_error_and_keeps_the_state(garbage_checkpoint):

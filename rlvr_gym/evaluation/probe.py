@@ -182,6 +182,8 @@ class TextProbeConfig(ProbeConfig):
     """Where the real games are regenerated (a cache)."""
     halt_uncertainty: float | None = None
     """The learned env's guard (`RLVRWorld-TextGame-v0`'s `halt_uncertainty`); None: off."""
+    win_check: str = ""
+    """The learned env's second world model (`RLVRWorld-TextGame-v0`'s `win_check`); empty: off."""
 
 
 class RepeatFirst:
@@ -218,7 +220,7 @@ def probe_textgame(config: TextProbeConfig) -> dict:
     torch.set_num_threads(1)
     checkpoint = config.checkpoint or DEFAULT_CHECKPOINT
     max_steps = config.steps or DEFAULT_MAX_STEPS
-    sim = TextGameSimulator(checkpoint, 0.0, halt_uncertainty=config.halt_uncertainty)
+    sim = TextGameSimulator(checkpoint, 0.0, halt_uncertainty=config.halt_uncertainty, win_check=config.win_check)
     indices = [e % len(sim.starts) for e in range(config.starts)]
     names = list(text_probe_policies(0, 0))
     runs = [(name, e) for name in names for e in range(config.starts)]
@@ -230,9 +232,10 @@ def probe_textgame(config: TextProbeConfig) -> dict:
                                       [text_probe_policies(config.seed, e)[n] for n, e in runs], max_steps, config.seed)
     learned = {n: [bool(w) for (m, _), w in zip(runs, learned_won) if m == n] for n in names}
     real = {n: [bool(w) for (m, _), w in zip(runs, real_won) if m == n] for n in names}
-    if config.halt_uncertainty is not None and not config.out:  # a guarded probe keeps its own report
-        config = replace(config, out=str(Path("runs/probe") / f"textgame-{path_label(checkpoint)}-halt"
-                                                              f"{config.halt_uncertainty:g}"))
+    if not config.out and (config.halt_uncertainty is not None or config.win_check):  # a guarded probe: its own report
+        guard = f"-halt{config.halt_uncertainty:g}" if config.halt_uncertainty is not None else ""
+        guard += f"-check-{path_label(config.win_check)}" if config.win_check else ""
+        config = replace(config, out=str(Path("runs/probe") / f"textgame-{path_label(checkpoint)}{guard}"))
     return write_report(summarize("textgame", checkpoint, learned, real), config)
 
 

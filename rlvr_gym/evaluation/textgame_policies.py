@@ -65,6 +65,8 @@ class TextGamePolicyEvalConfig:
     """Learned-env episodes stepped together in one batched generation."""
     halt_uncertainty: float | None = None
     """The learned env's guard (`RLVRWorld-TextGame-v0`'s `halt_uncertainty`); None: off."""
+    win_check: str = ""
+    """The learned env's second world model (`RLVRWorld-TextGame-v0`'s `win_check`); empty: off."""
     game_dir: str = field(default_factory=_default_game_dir)
     """Where the real games are regenerated (a cache)."""
     threads: int = 1
@@ -103,7 +105,7 @@ def run_textgame_policy_eval(config: TextGamePolicyEvalConfig) -> dict:
     torch.set_num_threads(config.threads)
     started = time.perf_counter()
     sim = TextGameSimulator(config.checkpoint, config.temperature, config.max_new_tokens, config.batch_size,
-                            halt_uncertainty=config.halt_uncertainty)
+                            halt_uncertainty=config.halt_uncertainty, win_check=config.win_check)
     order = np.random.default_rng(config.seed).permutation(len(sim.starts))
     indices = [int(order[e % len(order)]) for e in range(config.episodes)]
     runs = [(k, e) for k in range(len(levels)) for e in range(config.episodes)]
@@ -123,6 +125,7 @@ def run_textgame_policy_eval(config: TextGamePolicyEvalConfig) -> dict:
     result = {
         "checkpoint": str(config.checkpoint),
         "halt_uncertainty": config.halt_uncertainty,
+        "win_check": config.win_check,
         "episodes": config.episodes,
         "policies": [policy_name(p) for p in levels],
         "noise_levels": levels,

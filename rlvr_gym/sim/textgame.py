@@ -30,9 +30,9 @@ import gymnasium as gym
 import numpy as np
 
 from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
-from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild, states_match
+from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild, states_match, wins
 from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
-from rlvr_gym.models.sampler import sample_scored_texts
+from rlvr_gym.models.sampler import sample_scored_texts, sample_texts
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
 from rlvr_gym.sim.guard import Guard
 from rlvr_gym.sim.vector import reset_arguments
@@ -411,9 +411,12 @@ class Rollout:
 class TextGameSimulator:
     """A text world model and the start states shipped with it; `advance` steps any number of rollouts at once.
 
-    The guard against an agent that drives the model where it guesses (both off by default): `uncertainty_penalty`
+    The guard against an agent that drives the model where it guesses (all off by default): `uncertainty_penalty`
     (MOPO) takes that many points per nat of a step's `Rollout.uncertainty` off its reward; `halt_uncertainty`
-    (MOReL) ends a rollout, unpaid and not won, at a step more uncertain than that.
+    (MOReL) ends a rollout, unpaid and not won, at a step more uncertain than that; `win_check`, a second world model
+    trained apart (other episodes, another seed), is asked about every step the first predicts to win, and where it
+    does not predict the win the rollout ends there the same way: two models' false wins fall on different steps,
+    their true ones mostly on the same.
     """
 
     def __init__(
@@ -424,6 +427,7 @@ class TextGameSimulator:
         batch_size: int = 16,
         uncertainty_penalty: float = 0.0,
         halt_uncertainty: float | None = None,
+        win_check: str | os.PathLike | None = None,
     ):
         if temperature < 0 or max_new_tokens < 1 or batch_size < 1:
             raise ValueError(f"need temperature >= 0 (0 = greedy), max_new_tokens >= 1 and batch_size >= 1, got "
@@ -437,6 +441,10 @@ class TextGameSimulator:
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
         self.context = context_length(self.model)
+        self.checker = None
+        if win_check:
+            checker, checker_tokenizer = load_model(win_check)
+            self.checker = (checker.eval(), checked_tokenizer(checker_tokenizer, win_check))
 
     def start(self, rng: np.random.Generator, index: int | None = None) -> Rollout:
         """A new rollout from start state `index`, or one drawn with `rng`."""
@@ -448,8 +456,8 @@ class TextGameSimulator:
         """Predict every rollout's next state under its command in batched generation (sampling seeded by `seed`).
 
         A completion that does not parse, or a state too long for the model's context, leaves the state as it was
-        and sets the rollout's `error`. A step more uncertain than `halt_uncertainty` takes the predicted state and
-        sets `halted`: the rollout has ended, and the step pays nothing.
+        and sets the rollout's `error`. A step more uncertain than `halt_uncertainty`, or a win the `win_check` model
+        does not predict, takes the predicted state and sets `halted`: the rollout has ended, and the step pays nothing.
         """
         from envs.textworld import in_uuid_order  # the real games' listing; textworld loads only when stepping
 
@@ -461,7 +469,8 @@ class TextGameSimulator:
                                            self.batch_size, self.max_new_tokens, temperature=self.temperature,
                                            seed=seed)
                        if any(fits) else [])
-        for r, prompt, ok in zip(rollouts, prompts, fits):
+        claimed_wins = []
+        for r, command, prompt, ok in zip(rollouts, commands, prompts, fits):
             r.steps += 1
             r.reward, r.uncertainty, r.halted = 0.0, 0.0, False
             if not ok:
@@ -479,7 +488,27 @@ class TextGameSimulator:
                 next_state = in_uuid_order(rebuild(r.state, diff))
                 gained = float(next_state["score"]) - float(r.state["score"])
                 r.reward = (0.0 if r.halted else gained) - self.guard.penalty * r.uncertainty
+                if self.checker is not None and not r.halted and wins(r.state, next_state):
+                    claimed_wins.append((r, r.state, command))
                 r.state = next_state
+        if claimed_wins:
+            self.check_wins(claimed_wins)
+
+    def check_wins(self, claimed: Sequence[tuple[Rollout, dict[str, Any], str]]) -> None:
+        """Halt, unpaid, each rollout whose winning step (from `before` under `command`) the checker, greedy, does
+        not predict to win."""
+        model, tokenizer = self.checker
+        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        texts = [format_prompt(before, command, r.start.objective) for r, before, command in claimed]
+        prompts = [bos + ids for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        fits = [len(p) + self.max_new_tokens <= context_length(model) for p in prompts]
+        asked = iter(sample_texts(model, tokenizer, [p for p, ok in zip(prompts, fits) if ok], self.batch_size,
+                                  self.max_new_tokens) if any(fits) else [])
+        for (r, before, _), ok in zip(claimed, fits):
+            diff, error = parse_diff(next(asked)[0], before) if ok else (None, "too long for the checker")
+            if error is not None or not wins(before, rebuild(before, diff)):
+                r.halted = True
+                r.reward = -self.guard.penalty * r.uncertainty
 
 
 # ---------------------------------------------------------------------------------------------------- envs
@@ -528,6 +557,8 @@ class TextGameWorldEnv(gym.Env):
     - `uncertainty_penalty` (MOPO, default 0: off): the reward less this times `info["uncertainty"]`.
     - `halt_uncertainty` (MOReL, default None: off): a step whose `info["uncertainty"]` exceeds it ends the episode,
       truncated, unpaid and not won, with `info["halted"]` True: the agent has driven the model where it guesses.
+    - `win_check` (default None: off): a second world model (a directory or shipped name) trained apart; a step the
+      first predicts to win ends the same way unless the second predicts the win too.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -541,13 +572,15 @@ class TextGameWorldEnv(gym.Env):
         render_mode: str | None = None,
         uncertainty_penalty: float = 0.0,
         halt_uncertainty: float | None = None,
+        win_check: str | os.PathLike | None = None,
     ):
         if max_steps < 1:
             raise ValueError(f"max_steps must be a positive number of steps, got {max_steps}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.sim = TextGameSimulator(checkpoint, temperature, max_new_tokens, batch_size=1,
-                                     uncertainty_penalty=uncertainty_penalty, halt_uncertainty=halt_uncertainty)
+                                     uncertainty_penalty=uncertainty_penalty, halt_uncertainty=halt_uncertainty,
+                                     win_check=win_check)
         self.max_steps = max_steps
         self.render_mode = render_mode
         self.observation_space = gym.spaces.Text(MAX_OBSERVATION_CHARS, min_length=0, charset=CHARSET)
@@ -667,8 +700,8 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
     either to SB3.
 
     `info` (gymnasium's dict of arrays with `_key` masks): `is_success`, `start_index`, `step`, `error` (None or why
-    the output was unusable), `candidates`, `uncertainty`, `halted`. `uncertainty_penalty` and `halt_uncertainty`:
-    TextGameWorldEnv's guard.
+    the output was unusable), `candidates`, `uncertainty`, `halted`. `uncertainty_penalty`, `halt_uncertainty` and
+    `win_check`: TextGameWorldEnv's guard.
     """
 
     metadata = {"render_modes": [], "autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
@@ -685,6 +718,7 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
         autoreset_mode: str | gym.vector.AutoresetMode = gym.vector.AutoresetMode.NEXT_STEP,
         uncertainty_penalty: float = 0.0,
         halt_uncertainty: float | None = None,
+        win_check: str | os.PathLike | None = None,
     ):
         if num_envs < 1 or max_steps < 1:
             raise ValueError(f"num_envs and max_steps must be >= 1, got {num_envs} and {max_steps}")
@@ -693,7 +727,8 @@ class TextGameDiscreteVectorEnv(gym.vector.VectorEnv):
             raise ValueError("autoreset_mode must be NEXT_STEP or DISABLED")
         self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
         self.sim = TextGameSimulator(checkpoint, temperature, max_new_tokens, batch_size=num_envs,
-                                     uncertainty_penalty=uncertainty_penalty, halt_uncertainty=halt_uncertainty)
+                                     uncertainty_penalty=uncertainty_penalty, halt_uncertainty=halt_uncertainty,
+                                     win_check=win_check)
         self.num_envs = num_envs
         self.max_steps = max_steps
         self.max_candidates = max_candidates
