@@ -52,7 +52,8 @@ def paid(agents: list[Path], checkpoints: list[str], episodes: int, seed: int, c
     for agent_path in agents:
         agent = DQN.load(agent_path, device="cpu")
         tag = hashlib.sha256(str(agent_path.resolve()).encode()).hexdigest()[:12]
-        base = {"agent": str(agent_path), "agent_print": content_fingerprint(agent_path), "episodes": episodes, "seed": seed}
+        base = {"agent": str(agent_path), "agent_print": content_fingerprint(agent_path), "episodes": episodes,
+                "seed": seed}
         row = {"agent": str(agent_path), "real": cached(cache / f"{tag}-real.json", {**base, "games": games},
                                                         lambda: score_in_real(agent, config, first)[0])}
         for name, world in worlds.items():

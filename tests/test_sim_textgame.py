@@ -68,7 +68,8 @@ def make_checkpoint(directory: Path, start_file: Path, train_steps: int = 0, tar
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copy(start_file, directory / START_STATES)
     starts = json.loads(start_file.read_text())["start_states"]
-    pairs = [(format_prompt(s["state"], c, s["objective"]), target) for s in starts for c in candidate_commands(s["state"])]
+    pairs = [(format_prompt(s["state"], c, s["objective"]), target)
+             for s in starts for c in candidate_commands(s["state"])]
     tokenizer = train_tokenizer([p for p, _ in pairs] + [target] * 50, 1024)  # the target in a few tokens
     torch.manual_seed(0)
     model = build_llama(len(tokenizer), LlamaSize(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_positions=1024), tokenizer)

@@ -29,6 +29,13 @@ config = GRPOConfig(run_dir=str(out / "run"), model=init_model, steps=3, prompts
 train_grpo(config, recording_reward, examples)
 (out / f"rank{rank}.json").write_text(json.dumps(seen))
 scanned = []
-results = map_across_ranks(setup_processes(1), list(range(7)), lambda part: scanned.extend(part) or [(x, rank) for x in part])
+
+
+def scan(part):
+    scanned.extend(part)
+    return [(x, rank) for x in part]
+
+
+results = map_across_ranks(setup_processes(1), list(range(7)), scan)
 (out / f"scan{rank}.json").write_text(json.dumps({"scanned": scanned, "results": results}))
 torch.distributed.destroy_process_group()
