@@ -415,8 +415,9 @@ class TextGameSimulator:
     (MOPO) takes that many points per nat of a step's `Rollout.uncertainty` off its reward; `halt_uncertainty`
     (MOReL) ends a rollout, unpaid and not won, at a step more uncertain than that; `win_check`, a second world model
     trained apart (other episodes, another seed), is asked about every step the first predicts to win, and where it
-    does not predict the win the rollout ends there the same way: two models' false wins fall on different steps,
-    their true ones mostly on the same.
+    does not predict the win the rollout ends there the same way. The check removes as many false wins as fall on
+    steps where the second model does not err too: two refits trained on halves of the same random play shared most
+    of theirs (README, Results).
     """
 
     def __init__(
