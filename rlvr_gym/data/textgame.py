@@ -274,9 +274,13 @@ def run_collect_textworld(config: TextWorldCollectConfig) -> Path:
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, transitions: Sequence[Transition]) -> list[list[int]]:
     """Token ids of each transition's prompt (task, current state, action), after the bos token when there is one."""
-    texts = [format_prompt(t.current, t.action, t.task) for t in transitions]
+    return encode_texts(tokenizer, [format_prompt(t.current, t.action, t.task) for t in transitions])
+
+
+def encode_texts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of prompt texts (`format_prompt`), after the bos token when there is one."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    return [bos + ids for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return [bos + ids for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
 
 
 def subsample(transitions: Sequence[Transition], limit: int, seed: int) -> list[Transition]:

@@ -30,6 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
+from rlvr_gym.data.textgame import encode_texts
 from rlvr_gym.domains.textgame import State, format_prompt, parse_diff, rebuild, states_match, wins
 from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_scored_texts, sample_texts
@@ -442,10 +443,10 @@ class TextGameSimulator:
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
         self.context = context_length(self.model)
-        self.checker = None
+        self.checker = None  # (model, tokenizer, context length) of the win_check model
         if win_check:
             checker, checker_tokenizer = load_model(win_check)
-            self.checker = (checker.eval(), checked_tokenizer(checker_tokenizer, win_check))
+            self.checker = (checker.eval(), checked_tokenizer(checker_tokenizer, win_check), context_length(checker))
 
     def start(self, rng: np.random.Generator, index: int | None = None) -> Rollout:
         """A new rollout from start state `index`, or one drawn with `rng`."""
@@ -462,9 +463,8 @@ class TextGameSimulator:
         """
         from envs.textworld import in_uuid_order  # the real games' listing; textworld loads only when stepping
 
-        bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
-        texts = [format_prompt(r.state, c, r.start.objective) for r, c in zip(rollouts, commands)]
-        prompts = [bos + ids for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        prompts = encode_texts(self.tokenizer, [format_prompt(r.state, c, r.start.objective)
+                                                for r, c in zip(rollouts, commands)])
         fits = [len(p) + self.max_new_tokens <= self.context for p in prompts]
         outputs = iter(sample_scored_texts(self.model, self.tokenizer, [p for p, ok in zip(prompts, fits) if ok],
                                            self.batch_size, self.max_new_tokens, temperature=self.temperature,
@@ -498,11 +498,10 @@ class TextGameSimulator:
     def check_wins(self, claimed: Sequence[tuple[Rollout, dict[str, Any], str]]) -> None:
         """Halt, unpaid, each rollout whose winning step (from `before` under `command`) the checker, greedy, does
         not predict to win."""
-        model, tokenizer = self.checker
-        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-        texts = [format_prompt(before, command, r.start.objective) for r, before, command in claimed]
-        prompts = [bos + ids for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        fits = [len(p) + self.max_new_tokens <= context_length(model) for p in prompts]
+        model, tokenizer, context = self.checker
+        prompts = encode_texts(tokenizer, [format_prompt(before, command, r.start.objective)
+                                           for r, before, command in claimed])
+        fits = [len(p) + self.max_new_tokens <= context for p in prompts]
         asked = iter(sample_texts(model, tokenizer, [p for p, ok in zip(prompts, fits) if ok], self.batch_size,
                                   self.max_new_tokens) if any(fits) else [])
         for (r, before, _), ok in zip(claimed, fits):
