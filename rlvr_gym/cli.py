@@ -42,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                        "post-train the video world model with GRPO on -(L1 + LPIPS)"),
     "calibrate rt1": ("rlvr_gym.sim.robot", "CalibrateConfig", "calibrate",
                       "set a world model's per-task success thresholds from replays of training episodes"),
+    "imagine rt1": ("rlvr_gym.sim.robot", "ImagineConfig", "imagine",
+                    "write real episodes with the frames a world model draws for their actions (a reader's data)"),
     "eval rt1": ("rlvr_gym.evaluation.robot", "RT1EvalConfig", "run_rt1_eval",
                  "score a video world model on fresh real episodes; prints one JSON line"),
     "collect textworld": ("rlvr_gym.data.textgame", "TextWorldCollectConfig", "run_collect_textworld",

@@ -748,7 +748,7 @@ def test_state_reader_learns_states_from_frames_and_decides_the_simulators_succe
     from envs.robot.tasks import task_from_instruction
     from rlvr_gym.data.episodes import write_shards
     from rlvr_gym.models.state_reader import READ_NAMES, success_probability
-    from rlvr_gym.sim.robot import _Simulator, replay_success_scores
+    from rlvr_gym.sim.robot import ImagineConfig, _Simulator, imagine, replay_success_scores
 
     root, world_dir = tiny_world
     config = ReaderConfig(run_dir=str(root / "reader"), world_model=str(world_dir), data=str(root / "train"),
@@ -794,9 +794,27 @@ def test_state_reader_learns_states_from_frames_and_decides_the_simulators_succe
     sim = _Simulator.load(out, None, 0.0)
     assert replay_success_scores(sim, [episode]).shape == (1,)
 
-    # --steps 0 from a trained reader adds it to another world model as it is.
+    # Imagined episodes: the real ones with the frames the simulator draws for their actions, nothing else changed.
+    imagined_dir = imagine(ImagineConfig(out=str(tmp_path / "imagined"), checkpoint=str(out), data=str(root / "heldout"),
+                                         num_envs=2))
+    real, imagined = load_episodes(root / "heldout"), load_episodes(imagined_dir)
+    assert len(imagined) == len(real)
+    for a, b in zip(imagined, real):
+        assert np.array_equal(a.frames[0], b.frames[0]) and not np.array_equal(a.frames[1:], b.frames[1:])
+        for name in ("actions", "states", "success", "rewards"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), name
+        assert (a.task, a.seed, a.policy) == (b.task, b.seed, b.policy)
+    rollout = sim.start_from_frame(real[1].frames[0], real[1].task, real[1].instruction)
+    for t, action in enumerate(real[1].actions):
+        sim.advance([rollout], action[None], torch.Generator().manual_seed(0))
+        assert np.array_equal(rollout.frame, imagined[1].frames[t + 1]), "the frames the learned env shows"
+    with pytest.raises(FileExistsError):
+        imagine(ImagineConfig(out=str(imagined_dir), checkpoint=str(out), data=str(root / "heldout")))
+
+    # --steps 0 from a trained reader adds it to another world model as it is (here read with imagined frames too).
     attached = train_state_reader(ReaderConfig(**{**vars(config), "run_dir": str(tmp_path / "attach"),
-                                                  "model": str(root / "reader" / "final"), "steps": 0}))
+                                                  "model": str(root / "reader" / "final"), "steps": 0,
+                                                  "data": (str(root / "train"), str(imagined_dir))}))
     for a, b in zip(RobotWorldModel.load(attached).state_reader.parameters(), world.state_reader.parameters()):
         assert torch.equal(a, b)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -17,10 +17,11 @@ import numpy as np
 import torch
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
+from tqdm import tqdm
 
 from envs.robot.tasks import Task, task_from_instruction
 from rlvr_gym.data import video_tokens as V
-from rlvr_gym.data.episodes import Episode, load_episodes
+from rlvr_gym.data.episodes import Episode, load_episodes, write_shards
 from rlvr_gym.data.robot import InitialStates, load_initial_states
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
@@ -244,10 +245,13 @@ def first_held_step(probs: Sequence[float], threshold: float, hold: int) -> int 
     return None
 
 
-def replay_success_scores(sim: _Simulator, episodes: Sequence[Episode], num_envs: int = 64) -> np.ndarray:
-    """Replay each episode's real actions open loop from its first frame (greedy); each one's `held_score` under the
-    checkpoint's `success_hold` (with a hold of 1, the highest success probability of any predicted frame)."""
+def replay_open_loop(sim: _Simulator, episodes: Sequence[Episode], num_envs: int = 64,
+                     keep_frames: bool = False) -> tuple[list[list[float]], list[np.ndarray]]:
+    """Replay each episode's real actions open loop from its first frame (greedy), `num_envs` at a time: each one's
+    success probability after every step and, with `keep_frames`, its frames as the simulator drew them (T + 1, the
+    real first frame and then the predicted ones; else an empty list)."""
     probs: list[list[float]] = [[] for _ in episodes]
+    frames: list[list[np.ndarray]] = [[e.frames[0]] for e in episodes] if keep_frames else []
     generator = torch.Generator().manual_seed(0)
     for start in range(0, len(episodes), num_envs):
         batch = list(episodes[start : start + num_envs])
@@ -257,6 +261,15 @@ def replay_success_scores(sim: _Simulator, episodes: Sequence[Episode], num_envs
             sim.advance([rollouts[i] for i in live], np.stack([batch[i].actions[t] for i in live]), generator)
             for i in live:
                 probs[start + i].append(rollouts[i].success_prob)
+                if keep_frames:
+                    frames[start + i].append(rollouts[i].frame)
+    return probs, [np.stack(f) for f in frames]
+
+
+def replay_success_scores(sim: _Simulator, episodes: Sequence[Episode], num_envs: int = 64) -> np.ndarray:
+    """Each episode's `held_score` under the checkpoint's `success_hold`, replayed open loop (`replay_open_loop`; with a
+    hold of 1, the highest success probability of any predicted frame)."""
+    probs, _ = replay_open_loop(sim, episodes, num_envs)
     return np.array([held_score(p, sim.world.settings.success_hold) for p in probs])
 
 
@@ -347,6 +360,51 @@ def recalibrate_task(checkpoint: str | os.PathLike, task: str, episodes: Sequenc
     result = calibrate_task(sim, task, episodes, num_envs=min(len(episodes), 64))
     sim.world.save_settings(Path(checkpoint))
     return result
+
+
+@dataclass
+class ImagineConfig:
+    """Replay real episodes open loop in a learned tabletop and write them with the frames it drew."""
+
+    out: str
+    """Output directory: the episodes as collected (actions, true states, success, policy), the simulator's frames."""
+    checkpoint: str = DEFAULT_CHECKPOINT
+    """World model (a shipped name or a directory) that draws the frames."""
+    data: str = "runs/rt1/train"
+    """Real episodes (`rlvr-gym collect rt1`) whose actions are replayed from their first frames."""
+    episodes: int = 0
+    """Replay only the first this many (0: all)."""
+    num_envs: int = 64
+    """Rollouts stepped together."""
+    overwrite: bool = False
+    """Replace a dataset already in `out`."""
+
+
+def imagine(config: ImagineConfig) -> Path:
+    """Write `config.data`'s episodes with each frame after the first replaced by the one the world model predicts
+    under the episode's real actions (greedy, open loop, as `calibrate` replays them); true states and success stay
+    the real env's. A state reader trained on them (`train state-reader --data REAL IMAGINED`) learns to read success
+    off frames as the simulator draws them, where the drawer is often shown short of where the real one went."""
+    if config.num_envs < 1 or config.episodes < 0:
+        raise ValueError(f"num_envs must be >= 1 and episodes >= 0, got {config.num_envs} and {config.episodes}")
+    torch.set_num_threads(1)
+    sim = _Simulator.load(config.checkpoint, None, 0.0)
+    episodes = load_episodes(config.data)[: config.episodes or None]
+    bar = tqdm(total=len(episodes), desc="imagine", unit="ep")
+
+    def imagined() -> Iterator[Episode]:
+        for start in range(0, len(episodes), config.num_envs):
+            batch = episodes[start : start + config.num_envs]
+            _, frames = replay_open_loop(sim, batch, config.num_envs, keep_frames=True)
+            for episode, drawn in zip(batch, frames):
+                bar.update()
+                yield replace(episode, frames=drawn.astype(np.uint8))
+
+    record = {"imagined_by": str(config.checkpoint), "source": str(config.data), "num_envs": config.num_envs}
+    try:
+        return write_shards(imagined(), config.out, "imagined", config=record, overwrite=config.overwrite)
+    finally:
+        bar.close()
 
 
 def _check_actions(actions: Any, shape: tuple[int, ...]) -> np.ndarray:

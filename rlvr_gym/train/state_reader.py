@@ -33,8 +33,10 @@ class ReaderConfig(RUN.RunConfig):
     world_model: str = "runs/rt1/refiner/world_model"
     """The world model (a directory or shipped name) the reader is added to; its tokenizer also round-trips
     `recon_fraction` of the training frames, so the reader learns frames as the decoder draws them."""
-    data: str = "runs/rt1/train"
-    """Training episodes (`rlvr-gym collect rt1`): every frame with the true state it shows."""
+    data: tuple[str, ...] = ("runs/rt1/train",)
+    """Training episode directories: every frame with the true state it shows. Real ones (`rlvr-gym collect rt1`),
+    and real episodes with the frames the world model draws for their actions (`rlvr-gym imagine rt1`), from which
+    the reader learns to read success off the simulator's own rollouts."""
     heldout: str = ""
     """Held-out episodes for eval/ (read errors in cm, success read from the frames against the true success)."""
     steps: int = 4000
@@ -105,10 +107,11 @@ def train_state_reader(config: ReaderConfig) -> Path:
     d = RUN.setup_processes(config.threads)
     run_dir = Path(config.run_dir)
     world = RobotWorldModel.load(config.world_model, d.device)
-    frames, labels, first = reader_labels(load_episodes(config.data))
+    data = [config.data] if isinstance(config.data, str) else list(config.data)
+    frames, labels, first = reader_labels([e for directory in data for e in load_episodes(directory)])
     unlabelled = [name for name, known in zip(READ_NAMES, (~np.isnan(labels)).any(0)) if not known]
     if unlabelled:
-        raise ValueError(f"{config.data} has no true {', '.join(unlabelled)} for any frame (imported episodes carry no "
+        raise ValueError(f"{' '.join(data)} has no true {', '.join(unlabelled)} for any frame (imported episodes carry no "
                          "states): train the reader on episodes collected from the tabletop (`rlvr-gym collect rt1`)")
     # The decoder's context, as in a rollout: the episode's first frame, or the frame before (itself at the start).
     context = first if world.context_frame == "first" else np.maximum(np.arange(len(frames)) - 1, first)
