@@ -383,8 +383,9 @@ class ImagineConfig:
 def imagine(config: ImagineConfig) -> Path:
     """Write `config.data`'s episodes with each frame after the first replaced by the one the world model predicts
     under the episode's real actions (greedy, open loop, as `calibrate` replays them); true states and success stay
-    the real env's. A state reader trained on them (`train state-reader --data REAL IMAGINED`) learns to read success
-    off frames as the simulator draws them, where the drawer is often shown short of where the real one went."""
+    the real env's. They show what the simulator makes of real behaviour, and a state reader can train on them
+    (`train state-reader --data REAL IMAGINED`) to read frames as the simulator draws them (the rt1-rlvr card
+    measures what that gives)."""
     if config.num_envs < 1 or config.episodes < 0:
         raise ValueError(f"num_envs must be >= 1 and episodes >= 0, got {config.num_envs} and {config.episodes}")
     torch.set_num_threads(1)
