@@ -171,6 +171,12 @@ def test_web_reward_weights_f1_reward_and_done():
     assert unchanged["score"] == pytest.approx(1.0)
     right_items_wrong_done = web_reward([format_target(DIFF, 1.0, False)], [BEFORE], [AFTER], [1.0], [True])[0]
     assert right_items_wrong_done["score"] == pytest.approx(0.9)
+    # More weight on the outcome: the same completion loses more for the wrong done, a page missed loses less.
+    outcome = web_reward([format_target(DIFF, 1.0, False), no_change_target()], [BEFORE] * 2, [AFTER] * 2, [0.0] * 2,
+                         [False] * 2, outcome_weight=0.6)
+    assert [row["score"] for row in outcome] == pytest.approx([0.4 + 0.0 + 0.3, 0.0 + 0.3 + 0.3])
+    with pytest.raises(ValueError, match="outcome_weight"):
+        web_reward([perfect], [BEFORE], [AFTER], [1.0], [True], outcome_weight=1.5)
     with pytest.raises(ValueError, match="align"):
         web_reward([perfect], [BEFORE], [AFTER, AFTER], [1.0], [True])
 

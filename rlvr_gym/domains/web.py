@@ -189,9 +189,14 @@ def item_f1(pred: Diff, gold: Diff) -> float:
 
 
 def web_reward(
-    completions: list[str], tree_before: list[str], tree_after: list[str], reward: list[float], done: list[bool], **_: Any
+    completions: list[str], tree_before: list[str], tree_after: list[str], reward: list[float], done: list[bool],
+    outcome_weight: float = REWARD_WEIGHT + DONE_WEIGHT, **_: Any
 ) -> list[dict[str, Any]]:
-    """`0.8 * item_f1 + 0.1 * reward_ok + 0.1 * done_ok` per completion (TRL-style; one row per completion)."""
+    """`0.8 * item_f1 + 0.1 * reward_ok + 0.1 * done_ok` per completion (TRL-style; one row per completion).
+    `outcome_weight` moves weight between the page and the outcome: `(1 - w) * item_f1 + w / 2 * (reward_ok +
+    done_ok)`; the default is the weighting above."""
+    if not 0 <= outcome_weight <= 1:
+        raise ValueError(f"outcome_weight must lie in [0, 1], got {outcome_weight}")
     if not len(completions) == len(tree_before) == len(tree_after) == len(reward) == len(done):
         raise ValueError(
             f"completions, tree_before, tree_after, reward and done must align, got {len(completions)}, "
@@ -210,7 +215,7 @@ def web_reward(
         reward_ok = float(abs(target["reward"] - float(gold_reward)) <= REWARD_TOLERANCE)
         done_ok = float(target["done"] == bool(gold_done))
         rows.append({
-            "score": F1_WEIGHT * f1 + REWARD_WEIGHT * reward_ok + DONE_WEIGHT * done_ok,
+            "score": (1 - outcome_weight) * f1 + outcome_weight / 2 * (reward_ok + done_ok),
             "f1": f1,
             "precision": precision,
             "recall": recall,

@@ -16,6 +16,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -216,6 +217,9 @@ class WebRLVRConfig:
     """Held-out set for eval/ metrics; empty: none."""
     max_prompt_tokens: int = 1536
     """Prompts longer than this are dropped; so are transitions whose gold target exceeds grpo.max_new_tokens."""
+    outcome_weight: float = 0.2
+    """The reward's weight on predicting the step's reward and done right (half each); item F1 gets the rest. 0.2
+    is `web_reward`'s 0.8 / 0.1 / 0.1; more teaches whether an action finishes the task over how the page changes."""
     eval_predict_examples: int = 64
     """Held-out transitions decoded greedily for eval/ metrics (0: none)."""
     eval_batch_size: int = 16
@@ -235,7 +239,10 @@ class WebRLVRConfig:
 
 
 def run_web_rlvr(config: WebRLVRConfig) -> Path:
-    """Improve a web world model with GRPO on `web_reward` (0.8 item F1 + 0.1 reward + 0.1 done); returns final/."""
+    """Improve a web world model with GRPO on `web_reward` (0.8 item F1 + 0.1 reward + 0.1 done, or
+    `outcome_weight`); returns final/."""
+    if not 0 <= config.outcome_weight <= 1:
+        raise ValueError(f"--outcome-weight must lie in [0, 1], got {config.outcome_weight}")
     root = Path(config.run_dir)
     d = setup_processes(config.grpo.threads)
     check_run(root, config, d.is_main)
@@ -251,7 +258,8 @@ def run_web_rlvr(config: WebRLVRConfig) -> Path:
     eval_fn = held_out_evaluation(held_out, tokenizer, seen_tasks, config.eval_predict_examples, config.seed,
                                   config.eval_batch_size, config.grpo.max_new_tokens)  # fmt: skip
     grpo = set_by_command(config.grpo, "grpo", run_dir=str(root), model=config.model, resume=config.resume)
-    final = train_grpo(grpo, web_reward, examples, eval_fn)
+    reward = partial(web_reward, outcome_weight=config.outcome_weight)
+    final = train_grpo(grpo, reward, examples, eval_fn)
     if d.is_main:
         write_training_record(final, manifests, base)
     barrier(d)
