@@ -482,6 +482,10 @@ def test_evaluation_reports_model_and_baselines(tiny_world):
                 "copy_last_frame_psnr", "tokenizer_ceiling_psnr", "tokenizer_ceiling_object_error_px", "multi_step2_copy_psnr"):
         assert key in line
     assert single["tokenizer_ceiling"]["mse"] >= 0 and single["real_repetition_rate"] <= 1
+    by_size = single["changed_mse_by_action_size"]
+    assert sum(row["n"] for row in by_size) == single["model"]["n"]
+    assert len({row["action_size"] for row in by_size}) == len(by_size)
+    assert all({"model", "tokenizer_ceiling", "copy_last_frame"} <= set(row) for row in by_size)
 
     from bench.rt1_world_model import repetition_rejection
 

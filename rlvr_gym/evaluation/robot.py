@@ -35,6 +35,23 @@ def changed_mse(pred: np.ndarray, target: np.ndarray, prev: np.ndarray) -> float
     return float(np.nanmean(changed.numpy())) if torch.isfinite(changed).any() else math.nan
 
 
+ACTION_SIZE_EDGES = (0.05, 0.3, 0.6)
+"""Edges of the action-size bins (an action's largest world_vector component, in [0, 1]): still, small, medium and
+large moves. The scripted policies move at up to 0.85."""
+
+
+def changed_mse_by_action_size(frames: dict[str, np.ndarray], target: np.ndarray, prev: np.ndarray,
+                               actions: np.ndarray) -> list[dict]:
+    """The changed-pixel MSE of each predictor in `frames` (name -> uint8 frames aligned with `target`) over the steps
+    of each action size (`ACTION_SIZE_EDGES`; bins without steps left out): whether a world model's error on what
+    moves grows with the move, and how much of it its tokenizer already makes (the ceiling's frames)."""
+    edges = (0.0, *ACTION_SIZE_EDGES, 1.0)
+    bins = np.digitize(np.abs(actions[:, :3]).max(1), ACTION_SIZE_EDGES)
+    return [{"action_size": f"{edges[b]:g}-{edges[b + 1]:g}", "n": int((bins == b).sum()),
+             **{name: changed_mse(f[bins == b], target[bins == b], prev[bins == b]) for name, f in frames.items()}}
+            for b in range(len(edges) - 1) if (bins == b).any()]
+
+
 def mean_of_defined(values: list[float]) -> float:
     """Mean over the values that are not NaN; NaN, without numpy's empty-slice warning, when all are: a metric that
     no step of a small episode set defines, such as object error where nothing moved."""
@@ -133,6 +150,7 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
 
     rollout = (choose or partial(predict_in_batches, world, sampling=sampling))(prompts, start, 1, None)
     codes, pred = rollout.codes, rollout.frames[:, 0]
+    ceiling = decode_one(next_codes)
     result["single"] = {
         "model": {**frame_metrics(pred, target, prev), "repetition_rate": R.repetition_rate(codes[:, 0], prev_codes),
                   "false_repetition_rate": R.false_repetition_rate(codes[:, 0], prev_codes, next_codes, prev_codes),
@@ -140,8 +158,10 @@ def evaluate_world_model(world: RobotWorldModel, episodes: list[Episode], horizo
                   "frozen_rate": R.frozen_frame_rate(pred, prev, target, prev), "n": len(idx)},
         "copy_last_frame": frame_metrics(prev, target, prev),
         "copy_last_frame_tokenized": frame_metrics(decode_one(prev_codes), target, prev),
-        "tokenizer_ceiling": frame_metrics(decode_one(next_codes), target, prev),
+        "tokenizer_ceiling": frame_metrics(ceiling, target, prev),
         "real_repetition_rate": R.repetition_rate(next_codes, prev_codes),
+        "changed_mse_by_action_size": changed_mse_by_action_size(
+            {"model": pred, "tokenizer_ceiling": ceiling, "copy_last_frame": prev}, target, prev, start.action),
     }
 
     prompts, future, where = multi_step_prompts(world, data, horizon)
@@ -191,6 +211,10 @@ def summary_line(result: dict) -> dict:
     line.update({f"single_{k}": single[k] for k in motion})
     line.update({f"copy_last_frame_{k}": result["single"]["copy_last_frame"][k] for k in ("psnr", *motion)})
     line.update({f"tokenizer_ceiling_{k}": result["single"]["tokenizer_ceiling"][k] for k in ("psnr", *motion)})
+    by_size = result["single"]["changed_mse_by_action_size"]
+    if by_size and by_size[-1]["action_size"].startswith(f"{ACTION_SIZE_EDGES[-1]:g}-"):
+        large = {k: v for k, v in by_size[-1].items() if k not in ("action_size", "n")}
+        line.update({f"{k}_changed_mse_large_moves": v for k, v in large.items()})
     if "multi" in result:
         line.update({f"multi_{k}": v for k, v in result["multi"]["model"].items()})
         last = result["multi"]["per_step"][-1]
