@@ -59,7 +59,8 @@ from typing import Any, TypedDict
 
 SECTIONS = ("new", "deleted", "updated")
 HEADERS = {"new": "New items:", "deleted": "Deleted items:", "updated": "Updated items:"}
-F1_WEIGHT, REWARD_WEIGHT, DONE_WEIGHT = 0.8, 0.1, 0.1
+OUTCOME_WEIGHT = 0.2
+"""`web_reward`'s weight on the reward and done being right (half each); item F1 gets the rest."""
 REWARD_TOLERANCE = 1e-3
 LEAF_ROLES = frozenset({"StaticText", "image", "textbox", "searchbox", "LineBreak"})  # lines that hold no others
 _ITEM = re.compile(r"^(\t*)\[(\d+)\] \S")
@@ -190,7 +191,7 @@ def item_f1(pred: Diff, gold: Diff) -> float:
 
 def web_reward(
     completions: list[str], tree_before: list[str], tree_after: list[str], reward: list[float], done: list[bool],
-    outcome_weight: float = REWARD_WEIGHT + DONE_WEIGHT, **_: Any
+    outcome_weight: float = OUTCOME_WEIGHT, **_: Any
 ) -> list[dict[str, Any]]:
     """`0.8 * item_f1 + 0.1 * reward_ok + 0.1 * done_ok` per completion (TRL-style; one row per completion).
     `outcome_weight` moves weight between the page and the outcome: `(1 - w) * item_f1 + w / 2 * (reward_ok +

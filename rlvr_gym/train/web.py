@@ -35,7 +35,7 @@ from rlvr_gym.data.web import (
     transition_texts,
     write_training_record,
 )
-from rlvr_gym.domains.web import web_metrics, web_reward
+from rlvr_gym.domains.web import OUTCOME_WEIGHT, web_metrics, web_reward
 from rlvr_gym.files import atomic_write_text
 from rlvr_gym.models.lm import (
     LlamaSize,
@@ -217,9 +217,10 @@ class WebRLVRConfig:
     """Held-out set for eval/ metrics; empty: none."""
     max_prompt_tokens: int = 1536
     """Prompts longer than this are dropped; so are transitions whose gold target exceeds grpo.max_new_tokens."""
-    outcome_weight: float = 0.2
-    """The reward's weight on predicting the step's reward and done right (half each); item F1 gets the rest. 0.2
-    is `web_reward`'s 0.8 / 0.1 / 0.1; more teaches whether an action finishes the task over how the page changes."""
+    outcome_weight: float = OUTCOME_WEIGHT
+    """The reward's weight on predicting the step's reward and done right (half each); item F1 gets the rest. The
+    default 0.2 is `web_reward`'s 0.8 / 0.1 / 0.1; more weighs whether an action finishes the task over how the page
+    changes."""
     eval_predict_examples: int = 64
     """Held-out transitions decoded greedily for eval/ metrics (0: none)."""
     eval_batch_size: int = 16
