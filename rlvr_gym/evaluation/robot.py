@@ -47,9 +47,12 @@ def changed_mse_by_action_size(frames: dict[str, np.ndarray], target: np.ndarray
     moves grows with the move, and how much of it its tokenizer already makes (the ceiling's frames)."""
     edges = (0.0, *ACTION_SIZE_EDGES, 1.0)
     bins = np.digitize(np.abs(actions[:, :3]).max(1), ACTION_SIZE_EDGES)
-    return [{"action_size": f"{edges[b]:g}-{edges[b + 1]:g}", "n": int((bins == b).sum()),
-             **{name: changed_mse(f[bins == b], target[bins == b], prev[bins == b]) for name, f in frames.items()}}
-            for b in range(len(edges) - 1) if (bins == b).any()]
+    rows = []
+    for b in np.unique(bins):
+        steps = bins == b
+        rows.append({"action_size": f"{edges[b]:g}-{edges[b + 1]:g}", "n": int(steps.sum()),
+                     **{name: changed_mse(f[steps], target[steps], prev[steps]) for name, f in frames.items()}})
+    return rows
 
 
 def mean_of_defined(values: list[float]) -> float:

@@ -399,7 +399,7 @@ def imagine(config: ImagineConfig) -> Path:
             _, frames = replay_open_loop(sim, batch, config.num_envs, keep_frames=True)
             for episode, drawn in zip(batch, frames):
                 bar.update()
-                yield replace(episode, frames=drawn.astype(np.uint8))
+                yield replace(episode, frames=drawn)
 
     record = {"imagined_by": str(config.checkpoint), "source": str(config.data), "num_envs": config.num_envs}
     try:
