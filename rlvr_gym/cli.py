@@ -37,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                       "train a world model's motion refiner on its transformer's own predictions"),
     "train state-reader": ("rlvr_gym.train.state_reader", "ReaderConfig", "train_state_reader",
                            "train a world model's state reader, which its simulator decides success from"),
+    "train state-dynamics": ("rlvr_gym.train.state_dynamics", "DynamicsConfig", "train_state_dynamics",
+                             "fit an ensemble to the tabletop's true state dynamics; scores open-loop success"),
     "train rt1-mle": ("rlvr_gym.train.rt1_mle", "RT1MLEConfig", "run_rt1_mle", "train the video world model by maximum likelihood"),
     "train rt1-rlvr": ("rlvr_gym.train.rt1_rlvr", "RT1RLVRConfig", "run_rt1_rlvr",
                        "post-train the video world model with GRPO on -(L1 + LPIPS)"),

@@ -845,3 +845,74 @@ def test_surprise_flags_mark_the_steps_the_model_got_most_wrong(tiny_world):
     with pytest.raises(ValueError, match="surprise-prompts"):
         run_rt1_rlvr(RT1RLVRConfig(data=str(root / "train"), model=str(world_dir), out=str(root / "x"),
                                    rollout_depth=2, surprise_prompts=0.5))
+
+
+def test_state_dynamics_learn_the_true_state_and_decide_the_simulators_success(tiny_world, tmp_path):
+    from dataclasses import replace
+
+    import gymnasium as gym
+
+    import rlvr_gym  # noqa: F401  (registers the env ids)
+    from envs.robot.tasks import task_from_instruction
+    from rlvr_gym.data.episodes import STATE_NAMES, write_shards
+    from rlvr_gym.data.robot import episode_starts, load_initial_states, write_initial_states
+    from rlvr_gym.models.state_dynamics import dynamics_success_probability
+    from rlvr_gym.sim.robot import _Simulator, replay_success_scores
+    from rlvr_gym.train.state_dynamics import DynamicsConfig, train_state_dynamics
+
+    root, world_dir = tiny_world
+    collect(CollectConfig(out=str(tmp_path / "train"), episodes=24, seed=13, horizon=8))
+    config = DynamicsConfig(run_dir=str(root / "dynamics"), world_model=str(world_dir), data=(str(tmp_path / "train"),),
+                            heldout=str(root / "heldout"), steps=300, batch_size=32, members=2, hidden=64, layers=2,
+                            warmup_steps=0, save_every=150)
+    imported = [replace(e, states=np.full_like(e.states, np.nan), task="rt1", seed=-1) for e in load_episodes(root / "train")]
+    write_shards(imported, tmp_path / "imported", "train")
+    with pytest.raises(ValueError, match="no episode carries true states"):
+        train_state_dynamics(replace(config, data=(str(tmp_path / "imported"),), run_dir=str(tmp_path / "none")))
+    final = train_state_dynamics(config)
+    losses = [row["train/loss"] for row in read_log(root / "dynamics") if "train/loss" in row]
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10]), "the ensemble learns the state's changes"
+    metrics = json.loads((root / "dynamics" / "eval.json").read_text())
+    assert metrics["gripper_mm"] < metrics["gripper_copy_mm"], "the palm follows the action: better than copying it"
+    assert {"drawer_mm", "objects_mm", "success_match", "one_step_disagreement"} <= set(metrics)
+    assert train_state_dynamics(replace(config, steps=302, resume=True)) == final
+    assert read_log(root / "dynamics")[-1]["step"] == 302
+
+    world_out = root / "dynamics" / "world_model"
+    world = RobotWorldModel.load(world_out)
+    assert world.state_dynamics is not None and RobotWorldModel.load(world_dir).state_dynamics is None
+    assert world.settings.success_thresholds == {} and world.settings.success_hold == 1
+    # The true start states recorded by resetting the real env at each seed are the ones the episodes recorded.
+    starts = load_initial_states(world_out)
+    recorded = {int(s): (state, target) for s, state, target in zip(starts.seeds, starts.states, starts.targets)}
+    from_episodes = episode_starts(load_episodes(root / "train"))
+    assert set(recorded) == set(from_episodes.seeds.tolist()), "the tiny world starts from its training episodes"
+    for seed, state, target in zip(from_episodes.seeds, from_episodes.states, from_episodes.targets):
+        np.testing.assert_allclose(recorded[int(seed)][0], state, atol=1e-5)
+        np.testing.assert_allclose(recorded[int(seed)][1], target, atol=1e-5)
+    with pytest.raises(ValueError, match="shape"):
+        world.state_dynamics.step(np.zeros((2, 3)), np.zeros((2, 7)), np.zeros((2, 7)))
+
+    # The simulator's success is the task's own test on the state the dynamics predict under the agent's actions.
+    env = gym.make("RLVRWorld-RT1-v0", checkpoint=str(world_out), horizon=4).unwrapped
+    env.reset(seed=0, options={"index": 0})
+    action = np.full(7, 0.5, np.float32)
+    _, reward, terminated, _, info = env.step(action)
+    expected, _ = world.state_dynamics.step(starts.states[:1], action[None], np.zeros((1, 7)))
+    np.testing.assert_allclose([info["predicted_state"][name] for name in STATE_NAMES], expected[0], atol=1e-5)
+    probability = dynamics_success_probability(task_from_instruction(info["instruction"]), expected, starts.targets[0])
+    assert info["success_prob"] == pytest.approx(probability[0], abs=1e-5)
+    assert reward == float(info["success_prob"] > 0.5) == float(terminated) and info["state_disagreement"] >= 0
+    sim = _Simulator.load(world_out, None, 0.0)
+    episode = load_episodes(root / "heldout")[0]
+    assert replay_success_scores(sim, [episode]).shape == (1,)
+    with pytest.raises(ValueError, match="true_state"):
+        sim.start_from_frame(episode.frames[0], episode.task, episode.instruction)
+
+    # Initial states without the true states are refused, naming the command that records them.
+    write_initial_states(world_out, replace(starts, states=None, targets=None))
+    with pytest.raises(CheckpointError, match="train state-dynamics"):
+        _Simulator.load(world_out, None, 0.0)
+    (world_out / "state_dynamics" / "model.safetensors").write_bytes(b"not a tensor file")
+    with pytest.raises(CheckpointError, match="state dynamics"):
+        RobotWorldModel.load(world_out)

@@ -90,6 +90,20 @@ def test_initial_states_round_trip_and_are_checked(tiny_world, tmp_path):
     write_initial_states(tmp_path / "grown", grown)
     np.testing.assert_array_equal(load_initial_states(tmp_path / "grown").frames, grown.frames)
     assert with_episode_starts(grown, episodes) is grown
+    # The true start states (what state dynamics start from) travel with them; older files without them grow NaN rows.
+    loaded = load_initial_states(tmp_path / "grown")
+    np.testing.assert_array_equal(loaded.states, np.stack([e.states[0] for e in episodes]))
+    assert loaded.targets.shape == (len(episodes), 2) and np.isfinite(loaded.targets).all()
+    old = dataclasses.replace(states, states=None, targets=None)
+    write_initial_states(tmp_path / "old", old)
+    assert load_initial_states(tmp_path / "old").states is None
+    mixed = with_episode_starts(old, episodes)
+    assert np.isnan(mixed.states[:3]).all() and np.array_equal(mixed.states[3:], loaded.states[3:])
+    (tmp_path / "bad").mkdir()
+    np.savez(tmp_path / "bad" / INITIAL_STATES, frames=states.frames, tasks=states.tasks, instructions=states.instructions,
+             seeds=states.seeds, states=np.zeros((3, 2), np.float32))
+    with pytest.raises(CheckpointError, match="states must be a float"):
+        load_initial_states(tmp_path / "bad")
     with pytest.raises(CheckpointError, match="save_initial_states"):
         load_initial_states(tmp_path / "nowhere")
     (tmp_path / INITIAL_STATES).write_bytes(b"not a zip")

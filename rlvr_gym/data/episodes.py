@@ -384,7 +384,7 @@ class EpisodeRecorder(gym.Wrapper):
         self._close_episode()
         seed = self.next_seed()
         obs, info = self.env.reset(seed=seed, options=options)
-        self._current = {"seed": seed, "frames": [obs], "states": [_state(info)], "actions": [], "rewards": [],
+        self._current = {"seed": seed, "frames": [obs], "states": [info_state(info)], "actions": [], "rewards": [],
                          "success": [], "task": info["task"], "instruction": info["instruction"]}
         return obs, info
 
@@ -393,7 +393,7 @@ class EpisodeRecorder(gym.Wrapper):
             raise RuntimeError("call reset() before step()")
         action = np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
         obs, reward, terminated, truncated, info = self.env.step(action)
-        for key, value in (("frames", obs), ("states", _state(info)), ("actions", action), ("rewards", reward),
+        for key, value in (("frames", obs), ("states", info_state(info)), ("actions", action), ("rewards", reward),
                            ("success", info["success"])):
             self._current[key].append(value)
         return obs, reward, terminated, truncated, info
@@ -412,7 +412,8 @@ class EpisodeRecorder(gym.Wrapper):
                 seed=current["seed"], policy=self.policy))
 
 
-def _state(info: dict[str, Any]) -> np.ndarray:
+def info_state(info: dict[str, Any]) -> np.ndarray:
+    """The true state (STATE_NAMES) in a tabletop env's info."""
     return np.concatenate([
         info["gripper_pos"], [info["gripper_closedness"]], np.ravel(info["object_pos"]), [info["drawer_qpos"]],
     ]).astype(np.float32)  # fmt: skip

@@ -3,7 +3,9 @@ the real start states a learned tabletop resets to.
 
 A world-model checkpoint directory also holds those start states, real first frames of collected episodes, as DIAMOND
 and RLVR-World do:
-    initial_states.npz   frames uint8 (N, 64, 64, 3), tasks (N,) str, instructions (N,) str, seeds (N,) int
+    initial_states.npz   frames uint8 (N, 64, 64, 3), tasks (N,) str, instructions (N,) str, seeds (N,) int, and
+                         optionally the true start states: states float32 (N, len(STATE_NAMES)), targets float32
+                         (N, 2) (the marker's centre), NaN where unknown; a state-dynamics model starts from them
 Functions that tokenize take the frame tokenizer or world model as an argument; this module imports no network.
 """
 
@@ -20,9 +22,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from envs.robot.tasks import TASKS, task_and_layout
 from rlvr_gym.data import video_tokens as V
-from rlvr_gym.data.episodes import IMAGE_SHAPE, Episode
-from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
+from rlvr_gym.data.episodes import IMAGE_SHAPE, STATE_NAMES, Episode
+from rlvr_gym.data.real_env_versions import (
+    check_real_env_versions,
+    write_real_env_versions,
+)
 from rlvr_gym.domains import robot as R
 from rlvr_gym.files import CheckpointError
 
@@ -45,12 +51,25 @@ class InitialStates:
     """(N,) unicode instructions"""
     seeds: np.ndarray
     """(N,) int64 real-env reset seeds (-1 for imported episodes)"""
+    states: np.ndarray | None = None
+    """float32 (N, len(STATE_NAMES)) the true state of each first frame (NaN rows: unknown); None: not recorded"""
+    targets: np.ndarray | None = None
+    """float32 (N, 2) the target marker's centre in the table plane (NaN rows: unknown); None: not recorded"""
 
     def __len__(self) -> int:
         return len(self.frames)
 
     def select(self, rows: np.ndarray) -> InitialStates:
-        return InitialStates(self.frames[rows], self.tasks[rows], self.instructions[rows], self.seeds[rows])
+        pick = lambda x: None if x is None else x[rows]  # noqa: E731
+        return InitialStates(self.frames[rows], self.tasks[rows], self.instructions[rows], self.seeds[rows],
+                             pick(self.states), pick(self.targets))
+
+    def true_states(self) -> tuple[np.ndarray, np.ndarray]:
+        """(states, targets) with NaN rows where unknown (all NaN when not recorded)."""
+        n = len(self)
+        states = self.states if self.states is not None else np.full((n, len(STATE_NAMES)), np.nan, np.float32)
+        targets = self.targets if self.targets is not None else np.full((n, 2), np.nan, np.float32)
+        return states, targets
 
 
 def save_initial_states(world_dir: str | os.PathLike, episodes: Sequence[Episode], n: int = 64) -> Path:
@@ -71,11 +90,16 @@ def save_initial_states(world_dir: str | os.PathLike, episodes: Sequence[Episode
 
 
 def episode_starts(episodes: Sequence[Episode]) -> InitialStates:
-    """The first frames of the episodes, with their tasks, instructions and seeds."""
+    """The first frames of the episodes, with their tasks, instructions, seeds and true states (the target marker
+    from the reset seed, as the real env draws it)."""
+    targets = [task_and_layout(e.task, e.seed)[1].target_xy if e.seed >= 0 and e.task in TASKS else np.full(2, np.nan)
+               for e in episodes]
     return InitialStates(np.stack([e.frames[0] for e in episodes]).astype(np.uint8),
                          np.array([e.task for e in episodes], dtype=str),
                          np.array([e.instruction for e in episodes], dtype=str),
-                         np.array([e.seed for e in episodes], dtype=np.int64))
+                         np.array([e.seed for e in episodes], dtype=np.int64),
+                         np.stack([e.states[0] for e in episodes]).astype(np.float32),
+                         np.stack(targets).astype(np.float32))
 
 
 def with_episode_starts(states: InitialStates, episodes: Sequence[Episode]) -> InitialStates:
@@ -89,7 +113,8 @@ def with_episode_starts(states: InitialStates, episodes: Sequence[Episode]) -> I
         return states
     added = episode_starts(new)
     return InitialStates(*(np.concatenate([getattr(states, name), getattr(added, name)])
-                           for name in ("frames", "tasks", "instructions", "seeds")))
+                           for name in ("frames", "tasks", "instructions", "seeds")),
+                         *(np.concatenate([a, b]) for a, b in zip(states.true_states(), added.true_states())))
 
 
 def write_initial_states(world_dir: str | os.PathLike, states: InitialStates) -> Path:
@@ -97,8 +122,9 @@ def write_initial_states(world_dir: str | os.PathLike, states: InitialStates) ->
     path = Path(world_dir) / INITIAL_STATES
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
+    true = {} if states.states is None else dict(zip(("states", "targets"), (x.astype(np.float32) for x in states.true_states())))
     np.savez_compressed(tmp, frames=states.frames.astype(np.uint8), tasks=states.tasks.astype(str),
-                        instructions=states.instructions.astype(str), seeds=states.seeds.astype(np.int64))
+                        instructions=states.instructions.astype(str), seeds=states.seeds.astype(np.int64), **true)
     os.replace(tmp, path)
     write_real_env_versions(world_dir, "rt1")
     return path
@@ -114,7 +140,8 @@ def load_initial_states(world_dir: str | os.PathLike) -> InitialStates:
         )
     try:
         with np.load(path, allow_pickle=False) as npz:
-            states = InitialStates(npz["frames"], npz["tasks"], npz["instructions"], npz["seeds"])
+            optional = [npz[name] if name in npz.files else None for name in ("states", "targets")]
+            states = InitialStates(npz["frames"], npz["tasks"], npz["instructions"], npz["seeds"], *optional)
     except (zipfile.BadZipFile, ValueError, OSError, KeyError, EOFError) as error:
         raise CheckpointError(f"{path} is corrupt ({type(error).__name__}: {error}); write it again with save_initial_states") from None
     n = len(states.frames)
@@ -125,6 +152,10 @@ def load_initial_states(world_dir: str | os.PathLike) -> InitialStates:
         kind = "i" if name == "seeds" else "U"
         if array.shape != (n,) or array.dtype.kind != kind:
             raise CheckpointError(f"{path}: {name} must be a ({n},) {'int' if kind == 'i' else 'unicode'} array, got {array.dtype} {array.shape}")
+    for name, width in (("states", len(STATE_NAMES)), ("targets", 2)):
+        array = getattr(states, name)
+        if array is not None and (array.shape != (n, width) or array.dtype.kind != "f"):
+            raise CheckpointError(f"{path}: {name} must be a float ({n}, {width}) array, got {array.dtype} {array.shape}")
     check_real_env_versions(world_dir, "rt1")
     return states
 

@@ -6,6 +6,8 @@ A checkpoint directory holds
     motion_refiner/   MotionRefiner (optional): moves the last frame's pixels where the decoder would redraw them
     state_reader/     StateReader (optional): reads the state off the frames shown, which the simulator's success is
                       then decided from (else from the transformer's success flag)
+    state_dynamics/   StateDynamics (optional): steps the true state under the actions beside the frames; the
+                      simulator then decides success from the state it predicts (before a reader or the flag)
     world_model.json  context_steps and the layout the LM was trained with (codebook, tokens per frame, vocabulary)
 Rollouts keep at most `context_steps` past steps in the prompt (the window slides, as in RLVR-World).
 """
@@ -26,6 +28,7 @@ from rlvr_gym.models.frame_tokenizer import FrameTokenizer
 from rlvr_gym.models.lm import SHIPPED_DIR, CheckpointError, load_model, pick_device, resolve_checkpoint
 from rlvr_gym.models.motion_refiner import MotionRefiner
 from rlvr_gym.models.sampler import SamplingConfig, sample
+from rlvr_gym.models.state_dynamics import StateDynamics
 from rlvr_gym.models.state_reader import StateReader
 
 
@@ -85,6 +88,10 @@ def load_motion_refiner(path: str | os.PathLike) -> MotionRefiner:
 
 def load_state_reader(path: str | os.PathLike) -> StateReader:
     return load_network(StateReader, path, "state reader")
+
+
+def load_state_dynamics(path: str | os.PathLike) -> StateDynamics:
+    return load_network(StateDynamics, path, "state dynamics")
 
 
 @dataclass
@@ -147,7 +154,8 @@ class Rollout:
 
 class RobotWorldModel:
     def __init__(self, lm: torch.nn.Module, frame_tokenizer: FrameTokenizer, settings: WorldModelSettings,
-                 refiner: MotionRefiner | None = None, state_reader: StateReader | None = None):
+                 refiner: MotionRefiner | None = None, state_reader: StateReader | None = None,
+                 state_dynamics: StateDynamics | None = None):
         if lm.config.vocab_size != V.VOCAB_SIZE:
             raise CheckpointError(f"the transformer's vocabulary ({lm.config.vocab_size}) is not the robot layout's ({V.VOCAB_SIZE})")
         tok_config = frame_tokenizer.config
@@ -161,6 +169,7 @@ class RobotWorldModel:
         self.settings = settings
         self.refiner = refiner.eval() if refiner is not None else None
         self.state_reader = state_reader.eval() if state_reader is not None else None
+        self.state_dynamics = state_dynamics.eval() if state_dynamics is not None else None
         if refiner is not None and refiner.config.image_size != tok_config.image_size:
             raise CheckpointError(f"the motion refiner works on {refiner.config.image_size}px frames, the tokenizer's "
                                   f"are {tok_config.image_size}px")
@@ -170,7 +179,7 @@ class RobotWorldModel:
         decoded from the codes without the motion refiner, and each frame's generated codes fed back into the prompt.
         The comparison of RLVR with MLE on the transformer's own frames (`eval rt1 --tokens-only`)."""
         settings = replace(self.settings, context_from_frames=False)
-        return RobotWorldModel(self.lm, self.frame_tokenizer, settings, None, self.state_reader)
+        return RobotWorldModel(self.lm, self.frame_tokenizer, settings, None, self.state_reader, self.state_dynamics)
 
     @property
     def frame_tokens(self) -> int:
@@ -215,7 +224,8 @@ class RobotWorldModel:
         lm, _ = load_model(resolve_checkpoint(path / "lm"))
         refiner = load_motion_refiner(path / "motion_refiner") if (path / "motion_refiner").exists() else None
         reader = load_state_reader(path / "state_reader") if (path / "state_reader").exists() else None
-        return cls(lm, frame_tokenizer, settings, refiner, reader).to(device)
+        dynamics = load_state_dynamics(path / "state_dynamics") if (path / "state_dynamics").exists() else None
+        return cls(lm, frame_tokenizer, settings, refiner, reader, dynamics).to(device)
 
     @property
     def device(self) -> torch.device:
@@ -230,7 +240,7 @@ class RobotWorldModel:
     def networks(self) -> list[tuple[str, torch.nn.Module]]:
         """The networks and their directory names in a checkpoint."""
         named = [("lm", self.lm), ("frame_tokenizer", self.frame_tokenizer), ("motion_refiner", self.refiner),
-                 ("state_reader", self.state_reader)]
+                 ("state_reader", self.state_reader), ("state_dynamics", self.state_dynamics)]
         return [(name, module) for name, module in named if module is not None]
 
     def save(self, path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
@@ -241,7 +251,8 @@ class RobotWorldModel:
             original = next(module.parameters()).dtype
             module.to(dtype).save_pretrained(path / name, safe_serialization=True)
             module.to(original)
-        for name, module in (("motion_refiner", self.refiner), ("state_reader", self.state_reader)):
+        for name, module in (("motion_refiner", self.refiner), ("state_reader", self.state_reader),
+                             ("state_dynamics", self.state_dynamics)):
             if module is None and (path / name).exists():
                 shutil.rmtree(path / name)  # a model without one must not load an old one back
         self.save_settings(path)

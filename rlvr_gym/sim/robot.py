@@ -21,11 +21,17 @@ from tqdm import tqdm
 
 from envs.robot.tasks import Task, task_from_instruction
 from rlvr_gym.data import video_tokens as V
-from rlvr_gym.data.episodes import Episode, load_episodes, write_shards
-from rlvr_gym.data.robot import InitialStates, load_initial_states
+from rlvr_gym.data.episodes import STATE_NAMES, Episode, load_episodes, write_shards
+from rlvr_gym.data.robot import InitialStates, episode_starts, load_initial_states
 from rlvr_gym.domains.robot import balanced_accuracy
-from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
+from rlvr_gym.files import CheckpointError
+from rlvr_gym.models.robot_world_model import (
+    DEFAULT_SUCCESS_THRESHOLD,
+    RobotWorldModel,
+    RolloutStart,
+)
 from rlvr_gym.models.sampler import SamplingConfig
+from rlvr_gym.models.state_dynamics import dynamics_success_probability
 from rlvr_gym.models.state_reader import READ_NAMES, success_probability
 from rlvr_gym.sim.guard import Guard
 from rlvr_gym.sim.vector import reset_arguments
@@ -62,6 +68,14 @@ class _Rollout:
     """The state reader's reading of `first_frame` (where the target marker is), if the world model has a reader."""
     state: np.ndarray | None = None
     """The state reader's reading of `frame`, if the world model has a reader (`info["read_state"]`)."""
+    true_state: np.ndarray | None = None
+    """With state dynamics: the state it predicts for `frame` (the real start state at reset; `info["predicted_state"]`)."""
+    target: np.ndarray | None = None
+    """With state dynamics: the target marker's centre (the real start state's)."""
+    prev_action: np.ndarray = field(default_factory=lambda: np.zeros(7, np.float32))
+    """The action before the last (zero at the start): the state dynamics' stand-in for velocities."""
+    state_disagreement: float = 0.0
+    """With state dynamics: its members' disagreement about the last step (`StateDynamics.step`)."""
     steps: int = 0
     success_prob: float = 0.0
     uncertainty: float = 0.0
@@ -88,6 +102,8 @@ class _Simulator:
     first_states: np.ndarray | None = None
     """The state reader's reading of each initial state, if the world model has a reader."""
     guard: Guard = field(default_factory=Guard)
+    true_starts: tuple[np.ndarray, np.ndarray] | None = None
+    """With state dynamics: each initial state's true state and target marker centre (`InitialStates.true_states`)."""
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, task: str | None, temperature: float,
@@ -105,7 +121,16 @@ class _Simulator:
             states = states.select(rows)
         first_codes = np.concatenate([world.encode(f, f) for f in np.array_split(states.frames, -(-len(states) // 256))])
         first_states = world.state_reader.read(states.frames) if world.state_reader is not None else None
-        return cls(world, states, first_codes, SamplingConfig(temperature=temperature), first_states, guard or Guard())
+        true_starts = None
+        if world.state_dynamics is not None:
+            true_starts = states.true_states()
+            if np.isnan(true_starts[0]).any() or np.isnan(true_starts[1]).any():
+                raise CheckpointError(
+                    f"{checkpoint} has state dynamics, which start from the true start states, but its initial states "
+                    "do not record them all: add them with `rlvr-gym train state-dynamics --world-model` (it records "
+                    "them by resetting the real env at each seed)")
+        return cls(world, states, first_codes, SamplingConfig(temperature=temperature), first_states, guard or Guard(),
+                   true_starts)
 
     def start(self, rng: np.random.Generator, index: int | None = None) -> _Rollout:
         """A new rollout from initial state `index`, or one drawn with `rng`."""
@@ -116,28 +141,37 @@ class _Simulator:
         # Drawn even when greedy, so that the sequence of initial states a seed gives never depends on the temperature.
         sample_seed = int(rng.integers(2**63 - 1))
         first_state = self.first_states[index] if self.first_states is not None else None
+        true_start = (None, None) if self.true_starts is None else (self.true_starts[0][index], self.true_starts[1][index])
         return self._rollout(int(index), sample_seed, self.first_codes[index], first_state, self.states.frames[index],
-                             str(self.states.tasks[index]), str(self.states.instructions[index]))  # fmt: skip
+                             str(self.states.tasks[index]), str(self.states.instructions[index]), *true_start)  # fmt: skip
 
-    def start_from_frame(self, frame: np.ndarray, task: str, instruction: str) -> _Rollout:
-        """A rollout from any real first frame (not one of the initial states: index -1, no info)."""
+    def start_from_frame(self, frame: np.ndarray, task: str, instruction: str, true_state: np.ndarray | None = None,
+                         target: np.ndarray | None = None) -> _Rollout:
+        """A rollout from any real first frame (not one of the initial states: index -1, no info); a world model
+        with state dynamics also needs the frame's true state and the target marker's centre."""
+        if self.world.state_dynamics is not None and (true_state is None or target is None):
+            raise ValueError("this world model steps the true state beside the frames: start_from_frame needs the "
+                             f"frame's true_state ({', '.join(STATE_NAMES)}) and the target marker's centre")
         reader = self.world.state_reader
         first_state = reader.read(frame[None])[0] if reader is not None else None
-        return self._rollout(-1, 0, self.world.encode(frame[None], frame[None])[0], first_state, frame, task, instruction)
+        return self._rollout(-1, 0, self.world.encode(frame[None], frame[None])[0], first_state, frame, task, instruction,
+                             true_state, target)
 
     def _rollout(self, index: int, sample_seed: int, first_code: np.ndarray, first_state: np.ndarray | None,
-                 frame: np.ndarray, task: str, instruction: str) -> _Rollout:
+                 frame: np.ndarray, task: str, instruction: str, true_state: np.ndarray | None = None,
+                 target: np.ndarray | None = None) -> _Rollout:
         n = self.world.settings.context_steps
         # After each step `codes` holds one more frame than the prompt uses and `actions` one fewer; appending
         # the next action (which drops the oldest) makes them line up again.
         codes = deque([first_code], maxlen=n)
         threshold = self.world.settings.success_threshold(task)
+        as_array = lambda x: None if x is None else np.asarray(x, np.float32).copy()  # noqa: E731
         return _Rollout(index, sample_seed, codes, deque([False], maxlen=n), deque(maxlen=n), frame.copy(), threshold,
                         frame, frame.copy(), self._task(task, instruction), first_state, first_state,
-                        hold=self.world.settings.success_hold)
+                        as_array(true_state), as_array(target), hold=self.world.settings.success_hold)
 
     def _task(self, name: str, instruction: str) -> Task:
-        if self.world.state_reader is None:
+        if self.world.state_reader is None and self.world.state_dynamics is None:
             return Task(name)  # only the name matters to the success flag
         task = task_from_instruction(instruction)
         if task.name != name:
@@ -152,7 +186,16 @@ class _Simulator:
         start = RolloutStart(np.stack([r.frame for r in rollouts]), np.stack([r.first_frame for r in rollouts]),
                              np.stack([r.before for r in rollouts]), np.asarray(actions))
         result = self.world.rollout(prompts, start, k=1, sampling=self.sampling, generator=generator)
-        if self.world.state_reader is not None:
+        if self.world.state_dynamics is not None:
+            # Success on the state the dynamics predicts under the same actions: the frames lose what a large move
+            # does (the gripper smears, the drawer is not shown closing), the state keeps it.
+            actions = np.asarray(actions, np.float32)
+            states, spread = self.world.state_dynamics.step(np.stack([r.true_state for r in rollouts]), actions,
+                                                            np.stack([r.prev_action for r in rollouts]))
+            for i, rollout in enumerate(rollouts):
+                rollout.true_state, rollout.prev_action, rollout.state_disagreement = states[i], actions[i], float(spread[i])
+                result.success[i, 0] = dynamics_success_probability(rollout.task, states[i : i + 1], rollout.target)[0]
+        elif self.world.state_reader is not None:
             # Success read off the frames shown: the task's own test on the state the reader sees in them.
             states = self.world.state_reader.read(result.frames[:, 0])
             for i, rollout in enumerate(rollouts):
@@ -193,7 +236,10 @@ class _Simulator:
             "uncertainty": rollout.uncertainty,
             "halted": halted,
         }
-        if rollout.state is not None:
+        if rollout.true_state is not None:
+            info["predicted_state"] = dict(zip(STATE_NAMES, rollout.true_state.tolist()))
+            info["state_disagreement"] = rollout.state_disagreement
+        elif rollout.state is not None:
             info["read_state"] = dict(zip(READ_NAMES, rollout.state.tolist()))
         if rollout.error is not None:
             info["error"] = rollout.error
@@ -255,7 +301,9 @@ def replay_open_loop(sim: _Simulator, episodes: Sequence[Episode], num_envs: int
     generator = torch.Generator().manual_seed(0)
     for start in range(0, len(episodes), num_envs):
         batch = list(episodes[start : start + num_envs])
-        rollouts = [sim.start_from_frame(e.frames[0], e.task, e.instruction) for e in batch]
+        starts = episode_starts(batch)
+        rollouts = [sim.start_from_frame(e.frames[0], e.task, e.instruction, starts.states[i], starts.targets[i])
+                    for i, e in enumerate(batch)]
         for t in range(max(len(e) for e in batch)):
             live = [i for i, e in enumerate(batch) if t < len(e)]
             sim.advance([rollouts[i] for i in live], np.stack([batch[i].actions[t] for i in live]), generator)
