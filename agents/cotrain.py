@@ -119,6 +119,9 @@ class CoTrainConfig:
     """MLE learning rate of the refit."""
     grpo_steps: int = 10
     """GRPO steps per refit after the MLE ones (0: MLE-only refits, the ablation)."""
+    dynamics_steps: int = 200
+    """RT-1 world models with state dynamics: steps of refitting them on the agent's real transitions and the
+    replay's in each refit (their success is the task's own test on the predicted state: no recalibration)."""
     recalibrate: bool = True
     """RT-1: after each refit, set the task's success threshold afresh from open-loop replays of real episodes (every
     agent episode so far, and up to `calibration_replay` of the replay's for the task; `sim.robot.recalibrate_task`):
@@ -402,6 +405,8 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
                     lr=config.mle_lr, warmup_steps=min(10, config.mle_steps // 4), batch_size=8, micro_batch=8,
                     save_every=max(config.mle_steps, 1), seed=config.seed, resume=(out / "mle" / "checkpoints").exists())
     world.lm = load_model(train_sft(sft, examples))[0].eval()
+    if world.state_dynamics is not None and config.dynamics_steps:
+        world.state_dynamics = refit_dynamics(config, state, out, run_dir)
     mle_dir = save_with_initial_states(world, state.world, out / "world_mle")
     # The simulator resets from its own real start states and every one the agent has seen: with the agent's alone,
     # the first round's agent would learn from a handful of starts.
@@ -419,12 +424,27 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     return recalibrate_rt1(rlvr_dir, config, seen, replay, out)
 
 
+def refit_dynamics(config: CoTrainConfig, state: State, out: Path, run_dir: Path):
+    """The world model's state dynamics fit further on every real agent episode so far and the replay (out/dynamics,
+    resumable)."""
+    from rlvr_gym.models.robot_world_model import load_state_dynamics
+    from rlvr_gym.train.state_dynamics import DynamicsConfig, train_state_dynamics
+
+    data = tuple(str(run_dir / f"round_{r:02d}" / "real") for r in range(state.round + 1))
+    dynamics = DynamicsConfig(run_dir=str(out / "dynamics"), model=str(Path(state.world) / "state_dynamics"),
+                              data=data + ((config.replay,) if config.replay else ()), steps=config.dynamics_steps,
+                              lr=3e-4, warmup_steps=0, save_every=config.dynamics_steps, seed=config.seed,
+                              resume=(out / "dynamics" / "checkpoints").exists())
+    return load_state_dynamics(train_state_dynamics(dynamics))
+
+
 def recalibrate_rt1(world_dir: Path, config: CoTrainConfig, seen: list, replay: list, out: Path) -> str:
     """The refitted world's success threshold for the task, set from replays of the agent's real episodes and the
-    replay's (`CoTrainConfig.recalibrate`); the result in out/calibration.json."""
+    replay's (`CoTrainConfig.recalibrate`); the result in out/calibration.json. A world model with state dynamics
+    keeps the task's own test."""
     from rlvr_gym.sim.robot import recalibrate_task
 
-    if not config.recalibrate:
+    if not config.recalibrate or (Path(world_dir) / "state_dynamics").exists():
         return str(world_dir)
     replay = [e for e in replay if e.task == config.task]
     chosen = np.random.default_rng(config.seed).permutation(len(replay))[: config.calibration_replay]

@@ -174,6 +174,27 @@ def test_cotraining_counts_real_steps_refits_the_world_on_the_agents_episodes_an
         cotrain.run_cotrain(replace(config, rounds=3, mle_steps=5))
 
 
+def test_a_loop_with_state_dynamics_refits_them_on_the_agents_transitions_and_keeps_the_tasks_own_test(tiny_world,
+                                                                                                       tmp_path):
+    from agents import cotrain
+    from rlvr_gym.train.state_dynamics import DynamicsConfig, train_state_dynamics
+
+    train_dir = str(Path(tiny_world).parent.parent / "train")
+    train_state_dynamics(DynamicsConfig(run_dir=str(tmp_path / "dynamics"), world_model=tiny_world, data=(train_dir,),
+                                        steps=10, batch_size=16, members=2, hidden=16, layers=1, save_every=10))
+    world = str(tmp_path / "dynamics" / "world_model")
+    config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), checkpoint=world, task="open_drawer", rounds=1,
+                                   real_steps=10, eval_episodes=1, sim_steps=16, num_envs=2, horizon=5, frame_size=16,
+                                   replay=train_dir, mle_steps=1, grpo_steps=1, dynamics_steps=5, n_steps=8)
+    record = cotrain.run_cotrain(config)
+    before = RobotWorldModel.load(world).state_dynamics.state_dict()
+    after = RobotWorldModel.load(record["world"]).state_dynamics.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the dynamics were refit"
+    starts = load_initial_states(record["world"])
+    assert len(starts) > len(load_initial_states(world)) and np.isfinite(starts.states).all()
+    assert not list((tmp_path / "run").rglob("calibration.json")), "success stays the task's own test"
+
+
 def test_real_updates_train_the_tabletop_agent_on_its_data_steps_and_a_kill_keeps_them(tiny_world, tmp_path,
                                                                                         monkeypatch):
     from agents import cotrain
