@@ -180,8 +180,12 @@ def test_a_loop_with_state_dynamics_refits_them_on_the_agents_transitions_and_ke
     from rlvr_gym.train.state_dynamics import DynamicsConfig, train_state_dynamics
 
     train_dir = str(Path(tiny_world).parent.parent / "train")
-    train_state_dynamics(DynamicsConfig(run_dir=str(tmp_path / "dynamics"), world_model=tiny_world, data=(train_dir,),
-                                        steps=10, batch_size=16, members=2, hidden=16, layers=1, save_every=10))
+    dynamics = DynamicsConfig(run_dir=str(tmp_path / "dynamics"), world_model=tiny_world, data=(train_dir,), steps=10,
+                              batch_size=16, members=2, hidden=16, layers=1, save_every=10)
+    with pytest.raises(ValueError, match="initial states"):
+        train_state_dynamics(dynamics)  # the tiny world starts from all of its training episodes
+    collect(CollectConfig(out=str(tmp_path / "other"), episodes=4, seed=14, horizon=8))
+    train_state_dynamics(replace(dynamics, data=(str(tmp_path / "other"),)))
     world = str(tmp_path / "dynamics" / "world_model")
     config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), checkpoint=world, task="open_drawer", rounds=1,
                                    real_steps=10, eval_episodes=1, sim_steps=16, num_envs=2, horizon=5, frame_size=16,

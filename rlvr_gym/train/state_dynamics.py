@@ -43,7 +43,9 @@ class DynamicsConfig(RUN.RunConfig):
     world_model: str = ""
     """A world model (a directory or shipped name) to add the dynamics to, written as RUN_DIR/world_model: its
     simulator then decides success from the predicted state (thresholds cleared: success is the task's own test;
-    success_hold 1). Its initial states get their true states, recorded by resetting the real env at each seed."""
+    success_hold 1). Its initial states get their true states, recorded by resetting the real env at each seed.
+    The episodes that start from its initial states are left out of the training data, so that policy evaluation
+    and the exploit probe, which start there, score the dynamics on trajectories they were not fit on."""
     data: tuple[str, ...] = ("runs/rt1/train",)
     """Training episode directories (`rlvr-gym collect rt1`): every step with the true states before and after."""
     heldout: str = ""
@@ -143,7 +145,16 @@ def train_state_dynamics(config: DynamicsConfig) -> Path:
     d = RUN.setup_processes(config.threads)
     run_dir = Path(config.run_dir)
     data = [config.data] if isinstance(config.data, str) else list(config.data)
-    states, actions, prev, next_states = transitions([e for directory in data for e in load_episodes(directory)])
+    episodes = [e for directory in data for e in load_episodes(directory)]
+    if config.world_model:
+        starts = set(load_initial_states(RobotWorldModel.resolve(config.world_model)).seeds.tolist()) - {-1}
+        kept = [e for e in episodes if e.seed not in starts]
+        log.info("left out %d episodes that start from the world model's initial states", len(episodes) - len(kept))
+        if episodes and not kept:
+            raise ValueError(f"every episode in {' '.join(data)} starts from {config.world_model}'s initial states, "
+                             "which are left out: collect others (`rlvr-gym collect rt1 --seed` another block)")
+        episodes = kept
+    states, actions, prev, next_states = transitions(episodes)
     if not config.model:
         init = run_dir / "init"
         if d.is_main and not (init / "config.json").is_file():
