@@ -25,10 +25,7 @@ import torch
 from envs.robot.tasks import TASKS, task_and_layout
 from rlvr_gym.data import video_tokens as V
 from rlvr_gym.data.episodes import IMAGE_SHAPE, STATE_NAMES, Episode
-from rlvr_gym.data.real_env_versions import (
-    check_real_env_versions,
-    write_real_env_versions,
-)
+from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
 from rlvr_gym.domains import robot as R
 from rlvr_gym.files import CheckpointError
 

@@ -25,11 +25,7 @@ from rlvr_gym.data.episodes import STATE_NAMES, Episode, load_episodes, write_sh
 from rlvr_gym.data.robot import InitialStates, episode_starts, load_initial_states
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.files import CheckpointError
-from rlvr_gym.models.robot_world_model import (
-    DEFAULT_SUCCESS_THRESHOLD,
-    RobotWorldModel,
-    RolloutStart,
-)
+from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
 from rlvr_gym.models.sampler import SamplingConfig
 from rlvr_gym.models.state_dynamics import dynamics_success_probability
 from rlvr_gym.models.state_reader import READ_NAMES, success_probability
@@ -68,8 +64,8 @@ class _Rollout:
     """The state reader's reading of `first_frame` (where the target marker is), if the world model has a reader."""
     state: np.ndarray | None = None
     """The state reader's reading of `frame`, if the world model has a reader (`info["read_state"]`)."""
-    true_state: np.ndarray | None = None
-    """With state dynamics: the state it predicts for `frame` (the real start state at reset; `info["predicted_state"]`)."""
+    predicted_state: np.ndarray | None = None
+    """With state dynamics: the state they predict for `frame` (the real one at reset; `info["predicted_state"]`)."""
     target: np.ndarray | None = None
     """With state dynamics: the target marker's centre (the real start state's)."""
     prev_action: np.ndarray = field(default_factory=lambda: np.zeros(7, np.float32))
@@ -190,10 +186,10 @@ class _Simulator:
             # Success on the state the dynamics predicts under the same actions: the frames lose what a large move
             # does (the gripper smears, the drawer is not shown closing), the state keeps it.
             actions = np.asarray(actions, np.float32)
-            states, spread = self.world.state_dynamics.step(np.stack([r.true_state for r in rollouts]), actions,
+            states, spread = self.world.state_dynamics.step(np.stack([r.predicted_state for r in rollouts]), actions,
                                                             np.stack([r.prev_action for r in rollouts]))
             for i, rollout in enumerate(rollouts):
-                rollout.true_state, rollout.prev_action, rollout.state_disagreement = states[i], actions[i], float(spread[i])
+                rollout.predicted_state, rollout.prev_action, rollout.state_disagreement = states[i], actions[i], float(spread[i])
                 result.success[i, 0] = dynamics_success_probability(rollout.task, states[i : i + 1], rollout.target)[0]
         elif self.world.state_reader is not None:
             # Success read off the frames shown: the task's own test on the state the reader sees in them.
@@ -236,8 +232,8 @@ class _Simulator:
             "uncertainty": rollout.uncertainty,
             "halted": halted,
         }
-        if rollout.true_state is not None:
-            info["predicted_state"] = dict(zip(STATE_NAMES, rollout.true_state.tolist()))
+        if rollout.predicted_state is not None:
+            info["predicted_state"] = dict(zip(STATE_NAMES, rollout.predicted_state.tolist()))
             info["state_disagreement"] = rollout.state_disagreement
         elif rollout.state is not None:
             info["read_state"] = dict(zip(READ_NAMES, rollout.state.tolist()))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 
 from envs.robot.tasks import TASKS, task_and_layout, task_from_instruction
 from rlvr_gym.data.episodes import ACTION_DIM, Episode, info_state, load_episodes
+from rlvr_gym.data.real_env_versions import REAL_ENV_FILE
 from rlvr_gym.data.robot import InitialStates, load_initial_states, write_initial_states
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.files import atomic_write_text
@@ -204,5 +206,8 @@ def train_state_dynamics(config: DynamicsConfig) -> Path:
         world.settings.success_hold = 1
         out = save_with_initial_states(world, config.world_model, run_dir / "world_model")
         write_initial_states(out, record_true_starts(load_initial_states(out)))
+        source_record = RobotWorldModel.resolve(config.world_model) / REAL_ENV_FILE
+        if source_record.is_file():  # the frames and the video model are the source's: so is the release they came from
+            shutil.copy2(source_record, out / REAL_ENV_FILE)
     RUN.barrier(d)
     return final
