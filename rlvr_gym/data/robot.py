@@ -119,7 +119,9 @@ def write_initial_states(world_dir: str | os.PathLike, states: InitialStates) ->
     path = Path(world_dir) / INITIAL_STATES
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
-    true = {} if states.states is None else dict(zip(("states", "targets"), (x.astype(np.float32) for x in states.true_states())))
+    true = {}
+    if states.states is not None:
+        true = dict(zip(("states", "targets"), (x.astype(np.float32) for x in states.true_states())))
     np.savez_compressed(tmp, frames=states.frames.astype(np.uint8), tasks=states.tasks.astype(str),
                         instructions=states.instructions.astype(str), seeds=states.seeds.astype(np.int64), **true)
     os.replace(tmp, path)

@@ -189,7 +189,8 @@ class _Simulator:
             states, spread = self.world.state_dynamics.step(np.stack([r.predicted_state for r in rollouts]), actions,
                                                             np.stack([r.prev_action for r in rollouts]))
             for i, rollout in enumerate(rollouts):
-                rollout.predicted_state, rollout.prev_action, rollout.state_disagreement = states[i], actions[i], float(spread[i])
+                rollout.predicted_state, rollout.prev_action = states[i], actions[i]
+                rollout.state_disagreement = float(spread[i])
                 result.success[i, 0] = dynamics_success_probability(rollout.task, states[i : i + 1], rollout.target)[0]
         elif self.world.state_reader is not None:
             # Success read off the frames shown: the task's own test on the state the reader sees in them.

@@ -45,9 +45,10 @@ class DynamicsConfig(RUN.RunConfig):
     world_model: str = ""
     """A world model (a directory or shipped name) to add the dynamics to, written as RUN_DIR/world_model: its
     simulator then decides success from the predicted state (thresholds cleared: success is the task's own test;
-    success_hold 1). Its initial states get their true states, recorded by resetting the real env at each seed.
-    The episodes that start from its initial states are left out of the training data, so that policy evaluation
-    and the exploit probe, which start there, score the dynamics on trajectories they were not fit on."""
+    success_hold 1; a state reader is dropped). Its initial states get their true states, recorded by resetting the
+    real env at each seed. The episodes that start from its initial states are left out of the training data, so
+    that policy evaluation and the exploit probe, which start there, score the dynamics on trajectories they were
+    not fit on."""
     data: tuple[str, ...] = ("runs/rt1/train",)
     """Training episode directories (`rlvr-gym collect rt1`): every step with the true states before and after."""
     heldout: str = ""
@@ -201,6 +202,7 @@ def train_state_dynamics(config: DynamicsConfig) -> Path:
     if d.is_main and config.world_model:
         world = RobotWorldModel.load(config.world_model)
         world.state_dynamics = load_state_dynamics(final)
+        world.state_reader = None  # success comes from the dynamics now; a reader would only be loaded and not asked
         # The thresholds were calibrated on other success probabilities; the task's own test is margin > 0.
         world.settings.success_thresholds = {}
         world.settings.success_hold = 1
