@@ -102,7 +102,7 @@ def dynamics_metrics(model: StateDynamics, episodes: list[Episode]) -> dict[str,
             continue
         scores = []
         for e in mine:
-            rollout, _ = model.rollout(e.states[None, :1][:, 0], e.actions[None])
+            rollout, _ = model.rollout(e.states[:1], e.actions[None])
             target = task_and_layout(e.task, e.seed)[1].target_xy
             scores.append(dynamics_margin(task_from_instruction(e.instruction), rollout[0, 1:], target).max())
         real = np.array([e.succeeded for e in mine])
@@ -184,7 +184,7 @@ def train_state_dynamics(config: DynamicsConfig) -> Path:
     while run.running():
         started = time.perf_counter()
         members = run.model.config.members
-        # Each member its own batch (bootstrapped ensembles disagree where the data are thin).
+        # Each member its own batches, so that the members part where the data are thin (their spread then says so).
         idx = [RUN.batch_indices(len(states), config.batch_size, run.step * members + m, config.seed, d.rank,
                                  d.world_size) for m in range(members)]
         run.model.train()
