@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
+from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.sim.robot import _Simulator, replay_success_scores
 
@@ -34,12 +35,12 @@ def success_agreement(checkpoint: str, episodes: list) -> dict[str, dict[str, fl
     result = {}
     for task in sorted({e.task for e in episodes}):
         mine = [e for e in episodes if e.task == task]
-        paid = replay_success_scores(sim, mine) > sim.world.settings.success_threshold(task)
-        real = np.array([e.succeeded for e in mine])
-        tpr = float(paid[real].mean()) if real.any() else float("nan")
-        fpr = float(paid[~real].mean()) if (~real).any() else float("nan")
-        result[task] = {"balanced_accuracy": float(np.nanmean([tpr, 1 - fpr])), "successes_paid": tpr,
-                        "failures_paid": fpr, "episodes": len(mine), "real_successes": int(real.sum())}
+        scores, threshold = replay_success_scores(sim, mine), sim.world.settings.success_threshold(task)
+        paid, real = scores > threshold, np.array([e.succeeded for e in mine])
+        result[task] = {"balanced_accuracy": balanced_accuracy(scores, real, threshold),
+                        "successes_paid": float(paid[real].mean()) if real.any() else float("nan"),
+                        "failures_paid": float(paid[~real].mean()) if (~real).any() else float("nan"),
+                        "episodes": len(mine), "real_successes": int(real.sum())}
     return result
 
 

@@ -21,7 +21,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from envs.robot.tasks import Task, success_margin
 from rlvr_gym.data.episodes import ACTION_DIM, STATE_NAMES
-from rlvr_gym.models.state_reader import MARGIN_SCALE
+from rlvr_gym.models.state_reader import margin_probability
 
 STATE_DIM = len(STATE_NAMES)
 OBJECTS = slice(STATE_NAMES.index("object0_x"), STATE_NAMES.index("object2_z") + 1)
@@ -37,8 +37,8 @@ def dynamics_margin(task: Task, states: np.ndarray, target_xy: np.ndarray) -> np
 
 
 def dynamics_success_probability(task: Task, states: np.ndarray, target_xy: np.ndarray) -> np.ndarray:
-    """sigmoid(dynamics_margin / MARGIN_SCALE): 0.5 exactly on the task's success boundary, as a state reader's."""
-    return 1.0 / (1.0 + np.exp(-dynamics_margin(task, states, target_xy) / MARGIN_SCALE))
+    """`margin_probability` of the predicted states' success margin, as a state reader's."""
+    return margin_probability(dynamics_margin(task, states, target_xy))
 
 
 class StateDynamicsConfig(PretrainedConfig):

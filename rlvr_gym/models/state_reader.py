@@ -38,9 +38,14 @@ def read_margin(task: Task, states: np.ndarray, first_state: np.ndarray) -> np.n
     return success_margin(task, states[:, :9].reshape(-1, 3, 3), states[:, 9], first_state[:, 10:12])
 
 
+def margin_probability(margin: np.ndarray) -> np.ndarray:
+    """sigmoid(margin / MARGIN_SCALE): a success margin (m) as a probability, 0.5 exactly on the success boundary."""
+    return 1.0 / (1.0 + np.exp(-np.asarray(margin) / MARGIN_SCALE))
+
+
 def success_probability(task: Task, states: np.ndarray, first_state: np.ndarray) -> np.ndarray:
-    """sigmoid(read_margin / MARGIN_SCALE): 0.5 exactly on the task's success boundary."""
-    return 1.0 / (1.0 + np.exp(-read_margin(task, states, first_state) / MARGIN_SCALE))
+    """`margin_probability` of the read states' success margin."""
+    return margin_probability(read_margin(task, states, first_state))
 
 
 class StateReaderConfig(PretrainedConfig):

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from envs.robot.tasks import TASKS, task_and_layout, task_from_instruction
+from envs.robot.tasks import TASKS, task_from_instruction
 from rlvr_gym.data.episodes import ACTION_DIM, Episode, info_state, load_episodes
 from rlvr_gym.data.real_env_versions import REAL_ENV_FILE
-from rlvr_gym.data.robot import InitialStates, load_initial_states, write_initial_states
+from rlvr_gym.data.robot import InitialStates, episode_starts, load_initial_states, write_initial_states
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.files import atomic_write_text
 from rlvr_gym.models.robot_world_model import RobotWorldModel, load_network, load_state_dynamics
@@ -101,9 +101,8 @@ def dynamics_metrics(model: StateDynamics, episodes: list[Episode]) -> dict[str,
         if not mine:
             continue
         scores = []
-        for e in mine:
+        for e, target in zip(mine, episode_starts(mine).targets):
             rollout, _ = model.rollout(e.states[:1], e.actions[None])
-            target = task_and_layout(e.task, e.seed)[1].target_xy
             scores.append(dynamics_margin(task_from_instruction(e.instruction), rollout[0, 1:], target).max())
         real = np.array([e.succeeded for e in mine])
         metrics[f"success_balanced_accuracy_{task}"] = balanced_accuracy(np.array(scores), real, 0.0)
