@@ -24,8 +24,8 @@ taken):
       games the agent plays);
   (c) agent: the SB3 agent goes on learning inside the refitted simulator for `sim_steps` steps (batched sub-envs);
   (d) score: the agent in the real env from held-out start states (tabletop) or a fixed set of the games (text),
-      and in the learned env from the same starts. With `score_data` (text) a scoring is data as well: the agent is
-      also scored before round 0, and each scoring's episodes join the next round's (a) data.
+      and in the learned env from the same starts. With `score_data` a scoring is data as well: the agent is also
+      scored before round 0, and each scoring's episodes join the next round's (a) data.
 Every real step, for data or scoring, counts towards `real_steps_total`. Each phase writes its outputs before
 `state.json` records it finished, so a killed run resumes at the phase it was in with nothing lost. Scalars go to
 TensorBoard and `rounds.jsonl`; each phase has a progress bar.
@@ -164,11 +164,12 @@ class CoTrainConfig:
     model that ranks policies as the real env does can teach the first policy, while the refits start from one that
     predicts single steps better."""
     score_data: bool = False
-    """Text: every scoring is data too. The agent is also scored before round 0 (after any pretraining; its record is
-    round -1), and each scoring's real episodes (greedy, the games `score_in_real` plays) join the next refit's data,
-    GRPO prompts included, and with `real_updates` the agent learns from them as from the collect phase's. Real
-    steps are counted the same either way; off, a scoring only measures. With it `real_steps` may be 0: the loop's
-    real steps are then its scorings alone, its own greedy policy."""
+    """Every scoring is data too. The agent is also scored before round 0 (after any pretraining; its record is round
+    -1), and each scoring's real episodes (greedy) join the next refit's data, GRPO prompts included (text: the games
+    `score_in_real` plays, and with `real_updates` DQN learns from them as from the collect phase's; tabletop: each
+    scoring from held-out start states of its own, since the refit adds a scoring's starts to the simulator's).
+    Real steps are counted the same either way; off, a scoring only measures. With it `real_steps` may be 0: the
+    loop's real steps are then its scorings alone, its own greedy policy."""
     seed: int = 0
     """Seeds the agent, its exploration and the real start states' order."""
 
@@ -248,6 +249,8 @@ def save_state(state: State, out: Path) -> None:
 
 def collect(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> None:
     """(a) The agent, with exploration, in the real env until `real_steps` steps; written to out/real."""
+    if config.real_steps == 0:  # `score_data`: the scorings are the only data
+        return
     steps = (collect_rt1 if config.env == RT1_ENV else collect_text)(agent, config, state, out)
     state.real_steps_total += steps
 
@@ -395,8 +398,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     from rlvr_gym.train.rt1_rlvr import RT1RLVRConfig, run_rt1_rlvr
 
     world = RobotWorldModel.load(state.world)
-    agent_data = [load_episodes(run_dir / f"round_{r:02d}" / "real") for r in range(state.round + 1)]
-    seen = [e for episodes in agent_data for e in episodes]
+    seen = [e for directory in rt1_agent_data(config, state, run_dir) for e in load_episodes(directory)]
     replay = load_episodes(config.replay) if config.replay else []
     mixed = seen + replay
     examples = [ex for e in tqdm(mixed, desc=f"round {state.round}: refit (tokenise)", unit="episode", leave=False)
@@ -417,11 +419,21 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     grpo = GRPOConfig(steps=config.grpo_steps, lr=3e-5, prompts_per_step=4, group_size=8, beta=0.0, temperature=0.5,
                       save_every=max(config.grpo_steps, 1), seed=config.seed,
                       resume=(out / "rlvr" / "checkpoints").exists())
-    recipe = RT1RLVRConfig(data=str(out / "real"), model=str(mle_dir), out=str(out / "rlvr"), horizon=1,
+    # GRPO's prompts: the agent's newest real steps, the round's collect or else the scoring before it.
+    newest = out / "real" if (out / "real").is_dir() else rt1_agent_data(config, state, run_dir)[-1]
+    recipe = RT1RLVRConfig(data=str(newest), model=str(mle_dir), out=str(out / "rlvr"), horizon=1,
                            rollout_depth=1, surprise_prompts=config.surprise_prompts, seed=config.seed, grpo=grpo)
     rlvr_dir = run_rt1_rlvr(recipe)
     write_initial_states(rlvr_dir, starts)
     return recalibrate_rt1(rlvr_dir, config, seen, replay, out)
+
+
+def rt1_agent_data(config: CoTrainConfig, state: State, run_dir: Path) -> list[Path]:
+    """The agent's real episode directories that round `state.round`'s refit learns from: every collect so far, then
+    (`score_data`) every scoring before this round's refit, the newest last."""
+    collected = [run_dir / f"round_{r:02d}" / "real" for r in range(state.round + 1)]
+    scorings = score_dirs(run_dir, state.round) if config.score_data else []
+    return [d for d in collected if d.is_dir()] + scorings
 
 
 def refit_dynamics(config: CoTrainConfig, state: State, out: Path, run_dir: Path):
@@ -430,7 +442,7 @@ def refit_dynamics(config: CoTrainConfig, state: State, out: Path, run_dir: Path
     from rlvr_gym.models.robot_world_model import load_state_dynamics
     from rlvr_gym.train.state_dynamics import DynamicsConfig, train_state_dynamics
 
-    data = tuple(str(run_dir / f"round_{r:02d}" / "real") for r in range(state.round + 1))
+    data = tuple(str(directory) for directory in rt1_agent_data(config, state, run_dir))
     dynamics = DynamicsConfig(run_dir=str(out / "dynamics"), model=str(Path(state.world) / "state_dynamics"),
                               data=data + ((config.replay,) if config.replay else ()), steps=config.dynamics_steps,
                               lr=3e-4, warmup_steps=0, save_every=config.dynamics_steps, seed=config.seed,
@@ -458,6 +470,27 @@ def recalibrate_rt1(world_dir: Path, config: CoTrainConfig, seen: list, replay: 
     log.info("round %s: %s threshold %.3g (balanced accuracy %.2f on %d real episodes, %d successes)", out.name,
              config.task, result["threshold"], result["balanced_accuracy"], len(episodes), result["real_successes"])
     return str(world_dir)
+
+
+def score_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> tuple[float, int]:
+    """`score_in_real` recorded (`CoTrainConfig.score_data`): the agent's greedy episodes from `eval_episodes`
+    held-out start states of this scoring's own, written to out/ as `collect_rt1` writes its data. The k-th scoring
+    of a run starts from env seeds EVAL_SEED_RUN * SEEDS_PER_RUN + k * eval_episodes + i: the refit adds a scoring's
+    starts to the simulator's, so a later scoring reusing them would not be held out."""
+    from agents.robot import EVAL_SEED_RUN
+    from envs.robot import RealRT1Env
+    from rlvr_gym.data.episodes import SEEDS_PER_RUN, collect_episode, write_shards
+    from rlvr_gym.evaluation.policies import sb3_actor
+
+    actor = sb3_actor(agent)
+    first = EVAL_SEED_RUN * SEEDS_PER_RUN + len(state.history) * config.eval_episodes
+    env = RealRT1Env(task=config.task, horizon=config.steps_per_episode)
+    episodes = [collect_episode(env, config.task, "agent", first + i, lambda frame, _info: actor(frame[None])[0])
+                for i in tqdm(range(config.eval_episodes), desc="score (real, recorded)", unit="episode", leave=False)]
+    env.close()
+    write_shards(episodes, out, split="train", config={"round": state.round, "policy": "agent", "scoring": True},
+                 overwrite=True)
+    return float(np.mean([e.succeeded for e in episodes])), sum(len(e) for e in episodes)
 
 
 def learned_success_rt1(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
@@ -754,8 +787,6 @@ def check_config(config: CoTrainConfig) -> None:
         least = 0 if name == "real_steps" and config.score_data else 1  # with score_data the scorings are data
         if getattr(config, name) < least:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(config, name)}")
-    if config.score_data and config.env != TEXT_ENV:
-        raise ValueError("--score-data records the text games' scorings; the tabletop loop scores without recording")
     if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0 \
             or config.learning_rate < 0 or config.shaping < 0 or config.pretrain_steps < 0:
         raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration, --learning-rate, "
@@ -868,7 +899,9 @@ def score(agent: BaseAlgorithm, config: CoTrainConfig, state: State, round_dir: 
           started: float) -> None:
     """(d) The agent's real success (its episodes recorded in round_dir/score with `score_data`) and its learned
     success from the same starts, appended to the state's history as the round's record."""
-    if config.score_data:
+    if config.score_data and config.env == RT1_ENV:
+        real_success, real_steps = score_rt1(agent, config, state, round_dir / SCORE_DATA)
+    elif config.score_data:
         real_success, real_steps = score_text(agent, config, state.world, round_dir / SCORE_DATA)
     else:
         real_success, real_steps = score_in_real(agent, config, state.world)

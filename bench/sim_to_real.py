@@ -8,7 +8,7 @@
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
 `--shaping W` under TASK+shapingW/, a loop with `--real-updates` under TASK+real-updates/, text refits with
 `--win-share F` under text+winF/, with `--surprise-on outcome` under text+surprise-outcome/, with `--text-replay`
-under text+replay/, with `--score-data` under text+score-data/; each loop in a directory of its own settings,
+under text+replay/, with `--score-data` under TASK+score-data/; each loop in a directory of its own settings,
 loop-SEED-DIGEST) and reused by a rerun with the same settings, so seeds can run in parallel processes (`--seeds 0`,
 `--seeds 1`) and a last run with all seeds writes the report.
 
@@ -18,7 +18,7 @@ and scoring alike):
 - `loop`: `agents.cotrain` (refits by MLE, then GRPO);  `loop-mle`: the same with MLE-only refits (`--grpo-steps 0`);
 - `frozen`: the agent in the frozen starting simulator for as many simulated steps, real steps spent on scoring only;
 - `real-1x` / `real-10x`: the same SB3 algorithm in the real env with the loop's real-step budget and ten times it
-  (with `--score-data`, as the loop, it also learns from its scoring episodes).
+  (with `--score-data` the text DQN, as the loop, also learns from its scoring episodes).
 Reported: final real success per arm with a 95% interval over seeds (t), the real steps at which the seeds' mean
 curve of each arm first reaches the real-env baseline's final success (sample efficiency), the loop against the
 real-env agent at equal real steps, and the loop's learned-vs-real success gap (with `--check-episodes N`, also
@@ -80,8 +80,8 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 class RealScoring(BaseCallback):
     """Scores an agent training in the real env every `every` training steps; each point counts training and
-    scoring steps. With `score_data` (text DQN) the agent also learns from its scoring episodes. The agent of each
-    point is saved to agents/pointK.zip."""
+    scoring steps. With `score_data` the text DQN also learns from its scoring episodes (PPO, on-policy, does
+    not). The agent of each point is saved to agents/pointK.zip."""
 
     def __init__(self, every: int, config: CoTrainConfig, agents: Path):
         super().__init__()
@@ -94,7 +94,8 @@ class RealScoring(BaseCallback):
             self.next += self.every
             world = resolve_world(self.config)
             self.model.save(self.agents / f"point{len(self.points)}.zip")  # the agent scored, before it learns from it
-            if self.config.score_data:  # learns from its scorings as the loop does, one gradient step per real step
+            # Text DQN learns from its scorings as the loop does, one gradient step per real step; PPO, on-policy, cannot.
+            if self.config.score_data and self.config.env == TEXT_ENV:
                 with tempfile.TemporaryDirectory() as scored:
                     success, steps = score_text(self.model, self.config, world, Path(scored))
                     learn_from_real(self.model, Path(scored) / AGENT_TRANSITIONS)
@@ -233,7 +234,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = f"{label}+replay" if args.text_replay and env == TEXT_ENV else label
     label = f"{label}+pretrain{args.pretrain_steps}" if args.pretrain_steps else label
     label = f"{label}-in-{path_label(args.pretrain_checkpoint)}" if args.pretrain_checkpoint else label
-    label = f"{label}+score-data" if args.score_data and env == TEXT_ENV else label
+    label = f"{label}+score-data" if args.score_data else label
     return label if checkpoint == DEFAULT_CHECKPOINTS[env] else f"{label}+{path_label(checkpoint)}"
 
 
@@ -300,7 +301,7 @@ def main() -> None:
                         help="the world model the pretraining runs in; empty: the starting one "
                              "(`CoTrainConfig.pretrain_checkpoint`)")
     parser.add_argument("--score-data", action="store_true",
-                        help="text: the loop's scorings are data too, and it scores before round 0 "
+                        help="the loop's scorings are data too, and it scores before round 0 "
                              "(`CoTrainConfig.score_data`)")
     parser.add_argument("--check-episodes", type=int, default=0,
                         help="score every point's agent of each arm again on this many real episodes, and the final "
@@ -319,7 +320,7 @@ def main() -> None:
                       "surprise_on": args.surprise_on, "score_data": args.score_data} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
                                         "replay": args.replay, "shaping": args.shaping,
-                                        "real_updates": args.real_updates}
+                                        "real_updates": args.real_updates, "score_data": args.score_data}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps
             label = arm_label(task, args)
             base = CoTrainConfig(rounds=args.rounds, real_steps=args.real_steps, sim_steps=sim_steps,
@@ -350,7 +351,7 @@ def main() -> None:
                 if name not in args.arms:
                     continue
                 # One file per budget: loops run with other settings take other real steps, and each keeps its baseline.
-                scored = "-score-data" if base.score_data else ""
+                scored = "-score-data" if base.score_data and base.env == TEXT_ENV else ""  # PPO's do not learn from it
                 curve = directory / f"{name}-{seed}-{scale * budget}steps{scored}.json"
                 agents = curve.with_suffix(".agents")
                 curves[name] = cached(curve, arm_key(base, name, budget=scale * budget),
@@ -458,8 +459,8 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
               f"refit and {args.sim_steps} simulated agent steps (text: {args.text_sim_steps or args.sim_steps}); "
               + (f"the loop's agent first learns {args.pretrain_steps} steps in the starting simulator; "
                  if args.pretrain_steps else "")
-              + ("text: it is scored before round 0 too and every scoring's episodes are data of its next refit "
-                 "and agent phase; " if args.score_data else "")
+              + ("it is scored before round 0 too and every scoring's episodes are data of its next refit (text: "
+                 "and agent phase; tabletop: each scoring from held-out starts of its own); " if args.score_data else "")
               + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
               "time). Intervals: 95% t over seeds."
               + (f" Final check: every point's agent of each arm (but `frozen`) on {args.check_episodes} real "

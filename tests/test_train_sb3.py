@@ -199,6 +199,28 @@ def test_a_loop_with_state_dynamics_refits_them_on_the_agents_transitions_and_ke
     assert not list((tmp_path / "run").rglob("calibration.json")), "success stays the task's own test"
 
 
+def test_tabletop_score_data_makes_each_scoring_from_fresh_held_out_starts_the_next_refits_data(tiny_world, tmp_path):
+    from agents import cotrain
+
+    config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), checkpoint=tiny_world, task="open_drawer", rounds=1,
+                                   real_steps=0, eval_episodes=2, sim_steps=16, num_envs=2, horizon=5, frame_size=16,
+                                   mle_steps=1, grpo_steps=1, recalibrate=False, n_steps=8, score_data=True)
+    last = cotrain.run_cotrain(config)
+    run = tmp_path / "run"
+    rounds = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
+    before, after = load_episodes(run / cotrain.START_SCORE / "score"), load_episodes(run / "round_00" / "score")
+    first = EVAL_SEED_RUN * SEEDS_PER_RUN
+    assert [e.seed for e in before] == [first, first + 1] and [e.seed for e in after] == [first + 2, first + 3]
+    assert [r["round"] for r in rounds] == [-1, 0] and not (run / "round_00" / "real").exists()
+    # The scorings are the only real steps; each record's success is that of its recorded episodes.
+    assert last["real_steps_total"] == sum(len(e) for e in before + after)
+    assert [r["real_success"] for r in rounds] == [np.mean([e.succeeded for e in eps]) for eps in (before, after)]
+    # Round 0's refit learned from the scoring before it, and its simulator starts from those states too.
+    assert load_initial_states(last["world"]).seeds.tolist()[-2:] == [first, first + 1]
+    with pytest.raises(ValueError, match="real-steps"):
+        cotrain.run_cotrain(replace(config, out=str(tmp_path / "x"), score_data=False))
+
+
 def test_real_updates_train_the_tabletop_agent_on_its_data_steps_and_a_kill_keeps_them(tiny_world, tmp_path,
                                                                                         monkeypatch):
     from agents import cotrain
