@@ -17,13 +17,15 @@ import os
 import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecMonitor
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper, VecMonitor
 
 from envs.robot import TASKS, RealRT1Env
-from rlvr_gym.data.episodes import SEEDS_PER_RUN
+from envs.robot.tasks import task_from_instruction
+from rlvr_gym.data.episodes import SEEDS_PER_RUN, info_state
 from rlvr_gym.data.robot import load_initial_states
 from rlvr_gym.evaluation.policies import policy_frames, real_rollout, sb3_actor
 from rlvr_gym.models.robot_world_model import RobotWorldModel
+from rlvr_gym.models.state_dynamics import dynamics_success_probability
 from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON
 from rlvr_gym.sim.sb3 import SB3VecEnv
 
@@ -76,6 +78,27 @@ class VecShaped(VecEnvWrapper):
         return obs, rewards + (self.weight * change).astype(rewards.dtype), dones, infos
 
 
+class TrueSuccessProbability(gym.Wrapper):
+    """The real tabletop with `info["success_prob"]`: the task's success margin on the env's true state as a
+    probability, what a learned simulator with state dynamics reports on its predicted state
+    (`dynamics_success_probability`), so that `VecShaped` shapes an agent's reward in the real env as in that
+    simulator (the baseline that trains in the real env then gets the same dense signal as the loop's agent)."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return obs, self._with_probability(info)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, self._with_probability(info)
+
+    @staticmethod
+    def _with_probability(info: dict) -> dict:
+        task = task_from_instruction(info["instruction"])
+        probability = dynamics_success_probability(task, info_state(info)[None], np.asarray(info["target_pos"])[:2])
+        return {**info, "success_prob": float(probability[0])}
+
+
 def make_sim_env(
     checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT,
     num_envs: int = 16,
@@ -93,6 +116,19 @@ def make_sim_env(
                         checkpoint=checkpoint, horizon=horizon, task=task, temperature=temperature)
     monitored = VecMonitor(SB3VecEnv(venv))
     return VecFrames(VecShaped(monitored, shaping) if shaping else monitored, frame_size)
+
+
+def make_real_env(task: str, horizon: int = DEFAULT_HORIZON, frame_size: int = DEFAULT_FRAME_SIZE,
+                  shaping: float = 0.0) -> VecEnv:
+    """The real tabletop as `make_sim_env` gives the learned one: one env, frames at `frame_size`, episode stats of
+    the sparse reward, with `shaping` > 0 the reward shaped by `VecShaped` on the true state's success margin
+    (`TrueSuccessProbability`)."""
+    if shaping < 0:
+        raise ValueError(f"shaping is a weight >= 0, got {shaping}")
+    if not shaping:
+        return VecFrames(VecMonitor(DummyVecEnv([lambda: RealRT1Env(task=task, horizon=horizon)])), frame_size)
+    monitored = VecMonitor(DummyVecEnv([lambda: TrueSuccessProbability(RealRT1Env(task=task, horizon=horizon))]))
+    return VecFrames(VecShaped(monitored, shaping), frame_size)
 
 
 def real_start_states(episodes: int, task: str | None = None, run: int = EVAL_SEED_RUN) -> list[tuple[str, int]]:

@@ -18,7 +18,8 @@ and scoring alike):
 - `loop`: `agents.cotrain` (refits by MLE, then GRPO);  `loop-mle`: the same with MLE-only refits (`--grpo-steps 0`);
 - `frozen`: the agent in the frozen starting simulator for as many simulated steps, real steps spent on scoring only;
 - `real-1x` / `real-10x`: the same SB3 algorithm in the real env with the loop's real-step budget and ten times it
-  (with `--score-data` the text DQN, as the loop, also learns from its scoring episodes).
+  (with `--shaping W` on the tabletop their reward is shaped as the loop's, from the real env's true state; with
+  `--score-data` the text DQN, as the loop, also learns from its scoring episodes).
 Reported: final real success per arm with a 95% interval over seeds (t), the real steps at which the seeds' mean
 curve of each arm first reaches the real-env baseline's final success (sample efficiency), the loop against the
 real-env agent at equal real steps, and the loop's learned-vs-real success gap (with `--check-episodes N`, also
@@ -107,13 +108,12 @@ class RealScoring(BaseCallback):
 
 
 def real_env(config: CoTrainConfig):
-    """The real env as the agent sees it in the learned one (frames block-averaged; the text games' discrete spaces)."""
+    """The real env as the agent sees it in the learned one (frames block-averaged, the reward shaped alike on the
+    true state: `agents.robot.make_real_env`; the text games' discrete spaces)."""
     if config.env == RT1_ENV:
-        from agents.robot import VecFrames
-        from envs.robot import RealRT1Env
+        from agents.robot import make_real_env
 
-        return VecFrames(VecMonitor(DummyVecEnv([lambda: RealRT1Env(task=config.task, horizon=config.steps_per_episode)])),
-                         config.frame_size)
+        return make_real_env(config.task, config.steps_per_episode, config.frame_size, config.shaping)
     from agents.textgame import RealTextWorldDiscreteEnv
 
     world = resolve_world(config)
@@ -190,6 +190,7 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     own (the text games are its start states)."""
     if arm.startswith("real") and config.env == RT1_ENV:
         key = {name: getattr(config, name) for name in REAL_ARM_FIELDS}
+        key = {**key, "shaping": config.shaping} if config.shaping else key  # unshaped curves keep their old keys
     else:
         # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
         # agent pretrains do not change the other arms. Whether scorings are data changes the real-env arms too.
@@ -352,7 +353,8 @@ def main() -> None:
                     continue
                 # One file per budget: loops run with other settings take other real steps, and each keeps its baseline.
                 scored = "-score-data" if base.score_data and base.env == TEXT_ENV else ""  # PPO's do not learn from it
-                curve = directory / f"{name}-{seed}-{scale * budget}steps{scored}.json"
+                shaped = f"-shaping{base.shaping:g}" if base.shaping and base.env == RT1_ENV else ""
+                curve = directory / f"{name}-{seed}-{scale * budget}steps{scored}{shaped}.json"
                 agents = curve.with_suffix(".agents")
                 curves[name] = cached(curve, arm_key(base, name, budget=scale * budget),
                                       lambda scale=scale: real_arm(base, scale * budget, args.rounds, agents),
@@ -461,6 +463,8 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
                  if args.pretrain_steps else "")
               + ("it is scored before round 0 too and every scoring's episodes are data of its next refit (text: "
                  "and agent phase; tabletop: each scoring from held-out starts of its own); " if args.score_data else "")
+              + (f"tabletop agents' reward shaped with weight {args.shaping:g}, in the learned sims from the "
+                 "predicted state, in the real env from the true one; " if args.shaping else "")
               + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
               "time). Intervals: 95% t over seeds."
               + (f" Final check: every point's agent of each arm (but `frozen`) on {args.check_episodes} real "

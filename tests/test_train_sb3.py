@@ -15,7 +15,7 @@ from test_sim_textgame import game_dir, garbage_checkpoint, start_file  # noqa: 
 
 from agents.robot import EVAL_SEED_RUN, check_held_out, evaluate_in_real, make_sim_env, real_start_states
 from agents.train_sb3 import Args, train
-from envs.robot import TASKS
+from envs.robot import TASKS, RealRT1Env
 from rlvr_gym.data.episodes import SEEDS_PER_RUN, CollectConfig, collect, load_episodes
 from rlvr_gym.data.robot import load_initial_states, save_initial_states
 from rlvr_gym.models.lm import LlamaSize
@@ -119,6 +119,35 @@ def test_real_scores_come_from_held_out_start_states(tiny_world):
     check_held_out(tiny_world, starts)
     with pytest.raises(ValueError, match="initial states of"):
         check_held_out(tiny_world, [("open_drawer", 11 * SEEDS_PER_RUN)])
+
+
+def test_the_real_env_shaped_as_the_learned_one_reads_success_off_the_true_state_and_monitors_the_sparse_reward():
+    from agents.robot import TrueSuccessProbability, make_real_env
+    from envs.robot.policies import drawer_action
+
+    env = TrueSuccessProbability(RealRT1Env(task="close_drawer", horizon=50))
+    _, info = env.reset(seed=3)
+    probabilities, successes = [info["success_prob"]], [info["success"]]
+    while not successes[-1]:
+        _, _, terminated, truncated, info = env.step(drawer_action(info, pull=False))
+        probabilities.append(info["success_prob"])
+        successes.append(info["success"])
+        assert not truncated
+    env.close()
+    # Above one half exactly where the real env says success, as the simulator's state dynamics would report it.
+    assert [p > 0.5 for p in probabilities] == successes and probabilities[-1] > probabilities[0]
+
+    venv = make_real_env("close_drawer", horizon=4, frame_size=16, shaping=0.5)
+    assert venv.reset().shape == (1, 16, 16, 3)
+    rewards = []
+    for _ in range(4):
+        _, reward, done, infos = venv.step(np.array([[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]]))
+        rewards.append(float(reward[0]))
+    assert done[0] and infos[0]["episode"]["r"] == 0.0, "the monitor keeps the real, sparse return"
+    assert rewards[0] == 0.0, "the first step has no previous value to shape from"
+    venv.close()
+    with pytest.raises(ValueError, match="shaping"):
+        make_real_env("close_drawer", shaping=-1.0)
 
 
 @pytest.mark.parametrize("env, algo", [("RLVRWorld-RT1-v0", "dqn"), ("RLVRWorld-TextGame-v0", "sac")])
