@@ -19,7 +19,8 @@ and scoring alike):
 - `frozen`: the agent in the frozen starting simulator for as many simulated steps, real steps spent on scoring only;
 - `real-1x` / `real-10x`: the same SB3 algorithm in the real env with the loop's real-step budget and ten times it
   (with `--shaping W` on the tabletop their reward is shaped as the loop's, from the real env's true state; with
-  `--score-data` the text DQN, as the loop, also learns from its scoring episodes).
+  `--score-data` the text DQN, as the loop, also learns from its scoring episodes); `real-1x-sparse`: `real-1x`
+  without the shaping (the real env's own reward), beside a shaped loop.
 Reported: final real success per arm with a 95% interval over seeds (t), the real steps at which the seeds' mean
 curve of each arm first reaches the real-env baseline's final success (sample efficiency), the loop against the
 real-env agent at equal real steps, and the loop's learned-vs-real success gap (with `--check-episodes N`, also
@@ -67,7 +68,7 @@ from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.files import content_fingerprint, path_label
 
 OUT = Path("runs/bench")
-ARMS = ["loop", "loop-mle", "frozen", "real-1x", "real-10x"]
+ARMS = ["loop", "loop-mle", "frozen", "real-1x", "real-10x", "real-1x-sparse"]
 T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
@@ -95,7 +96,7 @@ class RealScoring(BaseCallback):
             self.next += self.every
             world = resolve_world(self.config)
             self.model.save(self.agents / f"point{len(self.points)}.zip")  # the agent scored, before it learns from it
-            # Text DQN learns from its scorings as the loop does, one gradient step per real step; PPO, on-policy, cannot.
+            # Text DQN learns from its scorings as the loop does, a gradient step per real step; PPO, on-policy, cannot.
             if self.config.score_data and self.config.env == TEXT_ENV:
                 with tempfile.TemporaryDirectory() as scored:
                     success, steps = score_text(self.model, self.config, world, Path(scored))
@@ -307,7 +308,7 @@ def main() -> None:
     parser.add_argument("--check-episodes", type=int, default=0,
                         help="score every point's agent of each arm again on this many real episodes, and the final "
                              "one in its simulator (`final_check`); 0: off")
-    parser.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS,
+    parser.add_argument("--arms", nargs="+", default=ARMS[:5], choices=ARMS,
                         help="arms to run and report; the real-env arms take the loop's real steps as their budget")
     args = parser.parse_args()
     if "loop" not in args.arms:
@@ -348,21 +349,25 @@ def main() -> None:
                 curves["frozen"] = cached(OUT / "sim_to_real" / label / f"frozen-{seed}.json",
                                           arm_key(base, "frozen"), lambda: frozen_arm(base))
             budget = curves["loop"][-1]["real_steps_total"]
-            for name, scale in (("real-1x", 1), ("real-10x", 10)):
+            real_arms = (("real-1x", "real-1x", 1, base), ("real-10x", "real-10x", 10, base),
+                         ("real-1x-sparse", "real-1x", 1, replace(base, shaping=0.0)))
+            for name, kind, scale, config in real_arms:
                 if name not in args.arms:
                     continue
                 # One file per budget: loops run with other settings take other real steps, and each keeps its baseline.
-                scored = "-score-data" if base.score_data and base.env == TEXT_ENV else ""  # PPO's do not learn from it
-                shaped = f"-shaping{base.shaping:g}" if base.shaping and base.env == RT1_ENV else ""
-                curve = directory / f"{name}-{seed}-{scale * budget}steps{scored}{shaped}.json"
+                # PPO's real arms do not learn from their scorings: a tabletop real arm's file has no score-data mark.
+                scored = "-score-data" if config.score_data and config.env == TEXT_ENV else ""
+                shaped = f"-shaping{config.shaping:g}" if config.shaping and config.env == RT1_ENV else ""
+                curve = directory / f"{kind}-{seed}-{scale * budget}steps{scored}{shaped}.json"
                 agents = curve.with_suffix(".agents")
-                curves[name] = cached(curve, arm_key(base, name, budget=scale * budget),
-                                      lambda scale=scale: real_arm(base, scale * budget, args.rounds, agents),
-                                      older=directory / f"{name}-{seed}.json",
+                curves[name] = cached(curve, arm_key(config, kind, budget=scale * budget),
+                                      lambda scale=scale, config=config: real_arm(config, scale * budget, args.rounds,
+                                                                                  agents),
+                                      older=directory / f"{kind}-{seed}.json",
                                       beside=agents / f"point{args.rounds - 1}.zip")
                 if args.check_episodes:
                     kept = [(p["real_steps_total"], agents / f"point{k}.zip") for k, p in enumerate(curves[name])]
-                    curves[f"{name} check"] = final_check(base, kept, resolve_world(base),
+                    curves[f"{name} check"] = final_check(config, kept, resolve_world(config),
                                                           curve.with_suffix(f".check-{args.check_episodes}.json"),
                                                           args.check_episodes)
             runs.setdefault(label, {})[seed] = curves
@@ -462,7 +467,8 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
               + (f"the loop's agent first learns {args.pretrain_steps} steps in the starting simulator; "
                  if args.pretrain_steps else "")
               + ("it is scored before round 0 too and every scoring's episodes are data of its next refit (text: "
-                 "and agent phase; tabletop: each scoring from held-out starts of its own); " if args.score_data else "")
+                 "and agent phase; tabletop: each scoring from held-out starts of its own); "
+                 if args.score_data else "")
               + (f"tabletop agents' reward shaped with weight {args.shaping:g}, in the learned sims from the "
                  "predicted state, in the real env from the true one; " if args.shaping else "")
               + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "

@@ -141,7 +141,7 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     args = argparse.Namespace(arms=["loop", "real-1x"], seeds=[0, 1], checkpoint="rt1-rlvr",
                               text_checkpoint="textgame-rlvr", rounds=2, real_steps=200, mle_steps=40, grpo_steps=5,
                               sim_steps=4096, text_sim_steps=1024, eval_episodes=16, pretrain_steps=2048,
-                              score_data=False, check_episodes=0)
+                              score_data=False, check_episodes=0, shaping=0.0)
     bench.write_report(args, runs)
     report = (tmp_path / "sim_to_real.md").read_text()
     assert "first learns 2048 steps in the starting simulator" in report
