@@ -16,7 +16,8 @@ loop-SEED-DIGEST) and reused by a rerun with the same settings, so seeds can run
 Arms, each from the same seeds, each point its real success against the real env steps it has taken so far (data
 and scoring alike):
 - `loop`: `agents.cotrain` (refits by MLE, then GRPO);  `loop-mle`: the same with MLE-only refits (`--grpo-steps 0`);
-- `frozen`: the agent in the frozen starting simulator for as many simulated steps, real steps spent on scoring only;
+- `frozen`: the agent in the frozen starting simulator for as many simulated steps (the loop's pretraining
+  included), real steps spent on scoring only;
 - `real-1x` / `real-10x`: the same SB3 algorithm in the real env with the loop's real-step budget and ten times it
   (with `--shaping W` on the tabletop their reward is shaped as the loop's, from the real env's true state; with
   `--score-data` the text DQN, as the loop, also learns from its scoring episodes); `real-1x-sparse`: `real-1x`
@@ -139,12 +140,13 @@ def real_arm(config: CoTrainConfig, budget: int, points: int, agents: Path) -> l
 
 
 def frozen_arm(config: CoTrainConfig) -> list[dict]:
-    """The agent in the frozen starting simulator, scored after each round's worth of simulated steps."""
+    """The agent in the frozen starting simulator, scored after each round's worth of simulated steps (first after
+    the loop's `pretrain_steps`, when it has them, as the loop is scored before round 0)."""
     world = resolve_world(config)
     agent, env = make_agent(config, world)
     points, real_steps = [], 0
-    for _ in range(config.rounds):
-        agent.learn(config.sim_steps, reset_num_timesteps=False)
+    for steps in [config.pretrain_steps] * bool(config.pretrain_steps) + [config.sim_steps] * config.rounds:
+        agent.learn(steps, reset_num_timesteps=False)
         success, steps = score_in_real(agent, config, world)
         real_steps += steps
         points.append({"real_steps_total": real_steps, "real_success": success,
@@ -199,6 +201,8 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
                      *(() if arm.startswith("real") else ("score_data",)))
         key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
                "world": world_fingerprint(config)}
+        if arm == "frozen" and config.pretrain_steps:  # its first point; curves without one keep their old keys
+            key["pretrain_steps"] = config.pretrain_steps
     return {**key, **extra}
 
 

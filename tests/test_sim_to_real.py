@@ -35,10 +35,13 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
     (tmp_path / "model.safetensors").write_bytes(b"\0")
     assert arm_key(text, "real-1x", budget=100) != before
     # Nor does where the loop runs, whether it learns from its real steps, how its refits weight their data or whether
-    # its agent pretrains change the other arms.
-    dyna = replace(text, out="elsewhere", real_updates=True, win_share=0.2, surprise_on="outcome", pretrain_steps=64)
+    # its agent pretrains change the other arms; but the frozen arm pretrains as long as the loop's agent.
+    dyna = replace(text, out="elsewhere", real_updates=True, win_share=0.2, surprise_on="outcome")
     assert arm_key(dyna, "real-1x", budget=100) == arm_key(text, "real-1x", budget=100)
     assert arm_key(dyna, "frozen") == arm_key(text, "frozen")
+    pretrained = replace(text, pretrain_steps=64)
+    assert arm_key(pretrained, "real-1x", budget=100) == arm_key(text, "real-1x", budget=100)
+    assert arm_key(pretrained, "frozen") == {**arm_key(text, "frozen"), "pretrain_steps": 64}
     # Whether scorings are data changes a real-env arm, which then learns from its own, not the frozen arm.
     assert arm_key(replace(text, score_data=True), "real-1x", budget=100) != arm_key(text, "real-1x", budget=100)
     assert arm_key(replace(text, score_data=True), "frozen") == arm_key(text, "frozen")
