@@ -399,6 +399,13 @@ def comparison(by_seed: dict, arms: list[str]) -> str:
         parts.append("its mean curve never reaches that" if at is None or real1 == 0 else
                      f"its mean curve reaches it at {at} real steps, {real_steps / at:.1f}x fewer than the real "
                      f"env's {real_steps:.0f} (target >= 3x)")
+    if "real-10x" in final:  # with a baseline that ends at 0, sample efficiency is read against this one
+        real10 = final["real-10x"][0]
+        real_steps = np.mean([c["real-10x"][-1]["real_steps_total"] for c in by_seed.values()])
+        at = first_reaching(mean_curve([c["loop"] for c in by_seed.values()]), real10)
+        parts.append(f"the real-env agent with 10x the steps ends at {real10:.2f} after {real_steps:.0f}: "
+                     + ("the loop's mean curve never reaches that" if at is None or real10 == 0 else
+                        f"the loop's mean curve reaches that at {at} real steps, {real_steps / at:.1f}x fewer"))
     if "loop-mle" in final:
         mle, mle_half = final["loop-mle"]
         parts.append(f"RLVR refits end at {loop:.2f} against {mle:.2f} ± {mle_half:.2f} for MLE-only refits "

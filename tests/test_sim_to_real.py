@@ -153,6 +153,15 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     # Seed 0's real curve at 900 steps is 0.24 (0.56 behind the loop), seed 1's at 1000 steps 0.2 (0.2 behind).
     assert "the loop is +0.38 ± 2.29 ahead (the interval includes zero)" in report
     assert (tmp_path / "sim_to_real.png").stat().st_size > 0
+    # Against a real-env agent given 10x the steps (mean final 0.45 after 9,000): the loop's mean curve gets there at
+    # 450 real steps.
+    for seed in (0, 1):
+        runs["text"][seed]["real-10x"] = curve((3000, 0.0), (9000, 0.3 + 0.3 * seed))
+    bench.write_report(argparse.Namespace(**{**vars(args), "arms": ["loop", "real-1x", "real-10x"]}), runs)
+    assert "10x the steps ends at 0.45 after 9000: the loop's mean curve reaches that at 450 real steps, 20.0x fewer" \
+        in (tmp_path / "sim_to_real.md").read_text()
+    for seed in (0, 1):
+        del runs["text"][seed]["real-10x"]
     # The final check (`--check-episodes 32`) scores every point again on 32 episodes: there the loop's seed 0 does
     # worse, its mean curve ends level with the real env's final 0.5 and reaches it only at its last point.
     def check(points, learned):
