@@ -149,8 +149,9 @@ class CoTrainConfig:
     model."""
     shaping: float = 0.0
     """RT-1: weight of the dense reward the agent gets in the learned sim on top of its success, the change in the
-    log-odds of success it reads off each imagined frame (`agents.robot.VecShaped`); 0: success alone. The real env
-    scores success alone either way."""
+    log-odds of success the simulator reports each step (`agents.robot.VecShaped`: read off the imagined frame, or
+    with state dynamics the task's success margin on the predicted state); 0: success alone. The real env scores
+    success alone either way."""
     learning_rate: float = 0.0
     """Agent learning rate; 0: 3e-4 for PPO, 1e-4 for DQN."""
     n_steps: int = 32
