@@ -56,9 +56,9 @@ class VecFrames(VecEnvWrapper):
 class VecShaped(VecEnvWrapper):
     """Add `weight` x the step's change in the log-odds of success the learned simulator reports
     (`info["success_prob"]`; with a state reader, the task's success margin read off the imagined frame over
-    `state_reader.MARGIN_SCALE`; with state dynamics, the margin on the predicted state) to its sparse reward: potential-based shaping (Ng, Harada and Russell 1999) in its
-    undiscounted form, a gradient towards the success PPO rarely reaches by chance. The first step of an episode has
-    no previous value and gets no shaping."""
+    `state_reader.MARGIN_SCALE`; with state dynamics, the margin on the predicted state) to its sparse reward:
+    potential-based shaping (Ng, Harada and Russell 1999) in its undiscounted form, a gradient towards the success
+    PPO rarely reaches by chance. The first step of an episode has no previous value and gets no shaping."""
 
     def __init__(self, venv: VecEnv, weight: float):
         super().__init__(venv)

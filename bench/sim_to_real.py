@@ -145,8 +145,8 @@ def frozen_arm(config: CoTrainConfig) -> list[dict]:
     world = resolve_world(config)
     agent, env = make_agent(config, world)
     points, real_steps = [], 0
-    for steps in [config.pretrain_steps] * bool(config.pretrain_steps) + [config.sim_steps] * config.rounds:
-        agent.learn(steps, reset_num_timesteps=False)
+    for sim_steps in [config.pretrain_steps] * bool(config.pretrain_steps) + [config.sim_steps] * config.rounds:
+        agent.learn(sim_steps, reset_num_timesteps=False)
         success, steps = score_in_real(agent, config, world)
         real_steps += steps
         points.append({"real_steps_total": real_steps, "real_success": success,
