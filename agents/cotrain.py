@@ -250,8 +250,6 @@ def save_state(state: State, out: Path) -> None:
 
 def collect(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> None:
     """(a) The agent, with exploration, in the real env until `real_steps` steps; written to out/real."""
-    if config.real_steps == 0:  # `score_data`: the scorings are the only data
-        return
     steps = (collect_rt1 if config.env == RT1_ENV else collect_text)(agent, config, state, out)
     state.real_steps_total += steps
 
@@ -321,6 +319,8 @@ def collect_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: 
     from envs.robot import RealRT1Env
     from rlvr_gym.data.episodes import write_shards
 
+    if config.real_steps == 0:  # `score_data`: the scorings are the only data (`rt1_agent_data`)
+        return 0
     rng = np.random.default_rng([config.seed, state.round])
     env = RealRT1Env(task=config.task, horizon=config.steps_per_episode)
     if config.real_updates:

@@ -593,8 +593,6 @@ def test_score_data_scores_before_round_0_and_every_scoring_feeds_the_next_refit
         cotrain.score_in_real(agent, config, last["world"])
     with pytest.raises(ValueError, match="real-steps"):
         cotrain.run_cotrain(replace(config, out=str(tmp_path / "x"), score_data=False))
-    with pytest.raises(ValueError, match="score-data"):
-        cotrain.run_cotrain(cotrain.CoTrainConfig(out=str(tmp_path / "x"), score_data=True))
 
 
 def test_with_score_data_the_real_env_dqn_learns_from_its_scorings_too(no_change_checkpoint, tmp_path, monkeypatch):
