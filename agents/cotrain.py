@@ -399,7 +399,8 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     from rlvr_gym.train.rt1_rlvr import RT1RLVRConfig, run_rt1_rlvr
 
     world = RobotWorldModel.load(state.world)
-    seen = [e for directory in rt1_agent_data(config, state, run_dir) for e in load_episodes(directory)]
+    agent_data = rt1_agent_data(config, state, run_dir)
+    seen = [e for directory in agent_data for e in load_episodes(directory)]
     replay = load_episodes(config.replay) if config.replay else []
     mixed = seen + replay
     examples = [ex for e in tqdm(mixed, desc=f"round {state.round}: refit (tokenise)", unit="episode", leave=False)
@@ -409,7 +410,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
                     save_every=max(config.mle_steps, 1), seed=config.seed, resume=(out / "mle" / "checkpoints").exists())
     world.lm = load_model(train_sft(sft, examples))[0].eval()
     if world.state_dynamics is not None and config.dynamics_steps:
-        world.state_dynamics = refit_dynamics(config, state, out, run_dir)
+        world.state_dynamics = refit_dynamics(config, state, out, agent_data)
     mle_dir = save_with_initial_states(world, state.world, out / "world_mle")
     # The simulator resets from its own real start states and every one the agent has seen: with the agent's alone,
     # the first round's agent would learn from a handful of starts.
@@ -421,7 +422,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
                       save_every=max(config.grpo_steps, 1), seed=config.seed,
                       resume=(out / "rlvr" / "checkpoints").exists())
     # GRPO's prompts: the agent's newest real steps, the round's collect or else the scoring before it.
-    newest = out / "real" if (out / "real").is_dir() else rt1_agent_data(config, state, run_dir)[-1]
+    newest = out / "real" if (out / "real").is_dir() else agent_data[-1]
     recipe = RT1RLVRConfig(data=str(newest), model=str(mle_dir), out=str(out / "rlvr"), horizon=1,
                            rollout_depth=1, surprise_prompts=config.surprise_prompts, seed=config.seed, grpo=grpo)
     rlvr_dir = run_rt1_rlvr(recipe)
@@ -437,13 +438,13 @@ def rt1_agent_data(config: CoTrainConfig, state: State, run_dir: Path) -> list[P
     return [d for d in collected if d.is_dir()] + scorings
 
 
-def refit_dynamics(config: CoTrainConfig, state: State, out: Path, run_dir: Path):
-    """The world model's state dynamics fit further on every real agent episode so far and the replay (out/dynamics,
-    resumable)."""
+def refit_dynamics(config: CoTrainConfig, state: State, out: Path, agent_data: list[Path]):
+    """The world model's state dynamics fit further on the agent's real episodes (`rt1_agent_data`) and the replay
+    (out/dynamics, resumable)."""
     from rlvr_gym.models.robot_world_model import load_state_dynamics
     from rlvr_gym.train.state_dynamics import DynamicsConfig, train_state_dynamics
 
-    data = tuple(str(directory) for directory in rt1_agent_data(config, state, run_dir))
+    data = tuple(str(directory) for directory in agent_data)
     dynamics = DynamicsConfig(run_dir=str(out / "dynamics"), model=str(Path(state.world) / "state_dynamics"),
                               data=data + ((config.replay,) if config.replay else ()), steps=config.dynamics_steps,
                               lr=3e-4, warmup_steps=0, save_every=config.dynamics_steps, seed=config.seed,
@@ -476,18 +477,18 @@ def recalibrate_rt1(world_dir: Path, config: CoTrainConfig, seen: list, replay: 
 def score_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> tuple[float, int]:
     """`score_in_real` recorded (`CoTrainConfig.score_data`): the agent's greedy episodes from `eval_episodes`
     held-out start states of this scoring's own, written to out/ as `collect_rt1` writes its data. The k-th scoring
-    of a run starts from env seeds EVAL_SEED_RUN * SEEDS_PER_RUN + k * eval_episodes + i: the refit adds a scoring's
-    starts to the simulator's, so a later scoring reusing them would not be held out."""
-    from agents.robot import EVAL_SEED_RUN
+    of a run starts from the held-out starts k * eval_episodes on (`agents.robot.real_start_states`): the refit adds
+    a scoring's starts to the simulator's, so a later scoring reusing them would not be held out."""
+    from agents.robot import real_start_states
     from envs.robot import RealRT1Env
-    from rlvr_gym.data.episodes import SEEDS_PER_RUN, collect_episode, write_shards
+    from rlvr_gym.data.episodes import collect_episode, write_shards
     from rlvr_gym.evaluation.policies import sb3_actor
 
     actor = sb3_actor(agent)
-    first = EVAL_SEED_RUN * SEEDS_PER_RUN + len(state.history) * config.eval_episodes
+    starts = real_start_states(config.eval_episodes, config.task, first=len(state.history) * config.eval_episodes)
     env = RealRT1Env(task=config.task, horizon=config.steps_per_episode)
-    episodes = [collect_episode(env, config.task, "agent", first + i, lambda frame, _info: actor(frame[None])[0])
-                for i in tqdm(range(config.eval_episodes), desc="score (real, recorded)", unit="episode", leave=False)]
+    episodes = [collect_episode(env, config.task, "agent", seed, lambda frame, _info: actor(frame[None])[0])
+                for _, seed in tqdm(starts, desc="score (real, recorded)", unit="episode", leave=False)]
     env.close()
     write_shards(episodes, out, split="train", config={"round": state.round, "policy": "agent", "scoring": True},
                  overwrite=True)

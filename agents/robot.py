@@ -131,11 +131,13 @@ def make_real_env(task: str, horizon: int = DEFAULT_HORIZON, frame_size: int = D
     return VecFrames(VecShaped(monitored, shaping), frame_size)
 
 
-def real_start_states(episodes: int, task: str | None = None, run: int = EVAL_SEED_RUN) -> list[tuple[str, int]]:
-    """(task, env seed) of held-out real start states: seeds run * 1_000_000 + i, tasks in turn unless `task`."""
+def real_start_states(episodes: int, task: str | None = None, run: int = EVAL_SEED_RUN,
+                      first: int = 0) -> list[tuple[str, int]]:
+    """(task, env seed) of held-out real start states: seeds run * 1_000_000 + i for i from `first`, tasks in turn
+    unless `task`."""
     if task is not None and task not in TASKS:
         raise ValueError(f"unknown task {task!r}: use one of {TASKS}")
-    return [(task or TASKS[i % len(TASKS)], run * SEEDS_PER_RUN + i) for i in range(episodes)]
+    return [(task or TASKS[i % len(TASKS)], run * SEEDS_PER_RUN + i) for i in range(first, first + episodes)]
 
 
 def check_held_out(checkpoint: str | os.PathLike, starts: list[tuple[str, int]]) -> None:
