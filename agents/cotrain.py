@@ -432,7 +432,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
 
 def rt1_agent_data(config: CoTrainConfig, state: State, run_dir: Path) -> list[Path]:
     """The agent's real episode directories that round `state.round`'s refit learns from: every collect so far, then
-    (`score_data`) every scoring before this round's refit, the newest last."""
+    (`score_data`) every scoring before this round's refit in order (without collects, the newest is last)."""
     collected = [run_dir / f"round_{r:02d}" / "real" for r in range(state.round + 1)]
     scorings = score_dirs(run_dir, state.round) if config.score_data else []
     return [d for d in collected if d.is_dir()] + scorings
