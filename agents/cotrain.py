@@ -294,12 +294,13 @@ def make_sim_env(config: CoTrainConfig, world: str):
                                                autoreset_mode=AutoresetMode.DISABLED))
 
 
-def score_in_real(agent: BaseAlgorithm, config: CoTrainConfig, world: str) -> tuple[float, int]:
-    """(d) Real success rate over `eval_episodes`, and the real steps that took."""
+def score_in_real(agent: BaseAlgorithm, config: CoTrainConfig, world: str, first: int = 0) -> tuple[float, int]:
+    """(d) Real success rate over `eval_episodes` (tabletop: the held-out starts from the `first`-th on), and the real
+    steps that took."""
     if config.env == RT1_ENV:
         from agents.robot import evaluate_in_real
 
-        real = evaluate_in_real(agent, config.eval_episodes, config.task, config.steps_per_episode)
+        real = evaluate_in_real(agent, config.eval_episodes, config.task, config.steps_per_episode, first=first)
     else:
         from agents.textgame import evaluate_in_real
 
@@ -307,9 +308,12 @@ def score_in_real(agent: BaseAlgorithm, config: CoTrainConfig, world: str) -> tu
     return real["success_rate"], int(round(real["mean_length"] * real["episodes"]))
 
 
-def learned_success(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
-    """The agent's success rate inside the learned simulator of `world`, from the starts it is scored from."""
-    return (learned_success_rt1 if config.env == RT1_ENV else learned_success_text)(agent, world, config, episodes)
+def learned_success(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int, first: int = 0) -> float:
+    """The agent's success rate inside the learned simulator of `world`, from the starts it is scored from in the
+    real env (tabletop: the held-out starts from the `first`-th on, as `score_rt1` takes them)."""
+    if config.env == RT1_ENV:
+        return learned_success_rt1(agent, world, config, episodes, first)
+    return learned_success_text(agent, world, config, episodes)
 
 
 # ---------------------------------------------------------------------------------------------------- RT-1
@@ -485,7 +489,7 @@ def score_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Pa
     from rlvr_gym.evaluation.policies import sb3_actor
 
     actor = sb3_actor(agent)
-    starts = real_start_states(config.eval_episodes, config.task, first=len(state.history) * config.eval_episodes)
+    starts = real_start_states(config.eval_episodes, config.task, first=scoring_first(config, state))
     env = RealRT1Env(task=config.task, horizon=config.steps_per_episode)
     episodes = [collect_episode(env, config.task, "agent", seed, lambda frame, _info: actor(frame[None])[0])
                 for _, seed in tqdm(starts, desc="score (real, recorded)", unit="episode", leave=False)]
@@ -495,14 +499,23 @@ def score_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Pa
     return float(np.mean([e.succeeded for e in episodes])), sum(len(e) for e in episodes)
 
 
-def learned_success_rt1(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
+def scoring_first(config: CoTrainConfig, state: State) -> int:
+    """The first held-out start of the tabletop scoring about to be made (`score_rt1`); 0 without `score_data`, whose
+    scorings all start from the first `eval_episodes` (`agents.robot.evaluate_in_real`)."""
+    return len(state.history) * config.eval_episodes if config.score_data else 0
+
+
+def learned_success_rt1(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int, first: int) -> float:
+    """From the real first frames and true states of the held-out starts `first`.. the real scoring uses."""
+    from agents.robot import real_initial_states, real_start_states
     from rlvr_gym.evaluation.policies import Job, learned_rollouts, sb3_actor
     from rlvr_gym.sim.robot import RT1WorldVectorEnv
 
     venv = RT1WorldVectorEnv(num_envs=min(episodes, config.num_envs), checkpoint=world, horizon=config.steps_per_episode,
                              task=config.task, autoreset_mode=AutoresetMode.DISABLED)
+    rows = venv.sim.add_starts(real_initial_states(real_start_states(episodes, config.task, first=first)))
     actor = sb3_actor(agent)
-    jobs = [Job(i % len(venv.sim.states), actor=actor) for i in range(episodes)]
+    jobs = [Job(int(row), actor=actor) for row in rows]
     results = learned_rollouts(venv, jobs, config.seed)
     venv.close()
     return float(np.mean([success for success, _, _ in results]))
@@ -910,7 +923,8 @@ def score(agent: BaseAlgorithm, config: CoTrainConfig, state: State, round_dir: 
     state.real_steps_total += real_steps
     record = {"round": -1 if state.phase == START_SCORE else state.round, "real_steps_total": state.real_steps_total,
               "real_success": real_success,
-              "learned_success": learned_success(agent, state.world, config, config.eval_episodes),
+              "learned_success": learned_success(agent, state.world, config, config.eval_episodes,
+                                                 scoring_first(config, state)),
               "agent_steps": int(agent.num_timesteps), "world": state.world,
               "seconds": round(time.perf_counter() - started, 1)}
     for key in ("real_success", "learned_success"):

@@ -908,6 +908,9 @@ def test_state_dynamics_learn_the_true_state_and_decide_the_simulators_success(t
     assert replay_success_scores(sim, [episode]).shape == (1,)
     with pytest.raises(ValueError, match="true_state"):
         sim.start_from_frame(episode.frames[0], episode.task, episode.instruction)
+    with pytest.raises(ValueError, match="true start states"):
+        sim.add_starts(replace(starts, states=None, targets=None))
+    assert len(sim.states) == len(starts), "a refused start leaves the simulator as it was"
 
     # Initial states without the true states are refused, naming the command that records them.
     write_initial_states(world_out, replace(starts, states=None, targets=None))

@@ -47,6 +47,28 @@ def test_rt1_dynamics_decides_success_from_the_state_it_predicts_from_true_start
     assert {"predicted_state", "state_disagreement"} <= set(info) and 0.0 <= info["success_prob"] <= 1.0
 
 
+def test_the_learned_env_starts_where_an_agent_is_scored_in_the_real_env():
+    from agents.robot import real_initial_states, real_start_states
+    from envs.robot import RealRT1Env
+    from rlvr_gym.data.episodes import STATE_NAMES, info_state
+    from rlvr_gym.sim.robot import RT1WorldVectorEnv
+
+    venv = RT1WorldVectorEnv(num_envs=2, checkpoint="rt1-dynamics", task="close_drawer")
+    known = len(venv.sim.states)
+    starts = real_start_states(2, "close_drawer", first=5)
+    rows = venv.sim.add_starts(real_initial_states(starts))
+    assert rows.tolist() == [known, known + 1] and len(venv.sim.states) == known + 2
+    obs, infos = venv.reset(seed=0, options={"index": rows.tolist()})
+    real = RealRT1Env(task="close_drawer")
+    for i, (_, seed) in enumerate(starts):
+        frame, info = real.reset(seed=seed)
+        assert np.array_equal(obs[i], frame) and infos["initial_state"][i] == rows[i]
+        predicted = [infos["predicted_state"][name][i] for name in STATE_NAMES]
+        assert np.allclose(predicted, info_state(info), atol=1e-6), "the rollout starts from the true state"
+    real.close()
+    assert np.isfinite(venv.step(np.zeros((2, 7), np.float32))[4]["success_prob"]).all()
+
+
 def test_gym_make_works_right_after_install_with_the_rlvr_model():
     env = gym.make("RLVRWorld-RT1-v0")
     check_env(env.unwrapped, skip_render_check=False)

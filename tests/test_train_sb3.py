@@ -228,9 +228,14 @@ def test_a_loop_with_state_dynamics_refits_them_on_the_agents_transitions_and_ke
     assert not list((tmp_path / "run").rglob("calibration.json")), "success stays the task's own test"
 
 
-def test_tabletop_score_data_makes_each_scoring_from_fresh_held_out_starts_the_next_refits_data(tiny_world, tmp_path):
+def test_tabletop_score_data_makes_each_scoring_from_fresh_held_out_starts_the_next_refits_data(tiny_world, tmp_path,
+                                                                                                  monkeypatch):
     from agents import cotrain
+    from rlvr_gym.sim.robot import _Simulator
 
+    learned_starts, add_starts = [], _Simulator.add_starts
+    monkeypatch.setattr(_Simulator, "add_starts",
+                        lambda sim, states: learned_starts.append(states) or add_starts(sim, states))
     config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), checkpoint=tiny_world, task="open_drawer", rounds=1,
                                    real_steps=0, eval_episodes=2, sim_steps=16, num_envs=2, horizon=5, frame_size=16,
                                    mle_steps=1, grpo_steps=1, recalibrate=False, n_steps=8, score_data=True)
@@ -244,6 +249,10 @@ def test_tabletop_score_data_makes_each_scoring_from_fresh_held_out_starts_the_n
     # The scorings are the only real steps; each record's success is that of its recorded episodes.
     assert last["real_steps_total"] == sum(len(e) for e in before + after)
     assert [r["real_success"] for r in rounds] == [np.mean([e.succeeded for e in eps]) for eps in (before, after)]
+    # Each record's learned success comes from the starts its real scoring took.
+    for states, episodes in zip(learned_starts, (before, after), strict=True):
+        assert states.seeds.tolist() == [e.seed for e in episodes]
+        assert all(np.array_equal(frame, e.frames[0]) for frame, e in zip(states.frames, episodes))
     # Round 0's refit learned from the scoring before it, and its simulator starts from those states too.
     assert load_initial_states(last["world"]).seeds.tolist()[-2:] == [first, first + 1]
     with pytest.raises(ValueError, match="real-steps"):

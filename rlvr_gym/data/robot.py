@@ -106,12 +106,14 @@ def with_episode_starts(states: InitialStates, episodes: Sequence[Episode]) -> I
         if episode.seed not in known:
             known.add(episode.seed)
             new.append(episode)
-    if not new:
-        return states
-    added = episode_starts(new)
-    return InitialStates(*(np.concatenate([getattr(states, name), getattr(added, name)])
+    return concatenate_starts(states, episode_starts(new)) if new else states
+
+
+def concatenate_starts(first: InitialStates, second: InitialStates) -> InitialStates:
+    """`first`'s initial states followed by `second`'s (true states NaN where either does not record them)."""
+    return InitialStates(*(np.concatenate([getattr(first, name), getattr(second, name)])
                            for name in ("frames", "tasks", "instructions", "seeds")),
-                         *(np.concatenate([a, b]) for a, b in zip(states.true_states(), added.true_states())))
+                         *(np.concatenate([a, b]) for a, b in zip(first.true_states(), second.true_states())))
 
 
 def write_initial_states(world_dir: str | os.PathLike, states: InitialStates) -> Path:

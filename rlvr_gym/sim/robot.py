@@ -22,7 +22,7 @@ from tqdm import tqdm
 from envs.robot.tasks import Task, task_from_instruction
 from rlvr_gym.data import video_tokens as V
 from rlvr_gym.data.episodes import STATE_NAMES, Episode, load_episodes, write_shards
-from rlvr_gym.data.robot import InitialStates, episode_starts, load_initial_states
+from rlvr_gym.data.robot import InitialStates, concatenate_starts, episode_starts, load_initial_states
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.files import CheckpointError
 from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
@@ -87,6 +87,20 @@ class _Rollout:
         return self.held >= self.hold
 
 
+def _read_starts(world: RobotWorldModel, states: InitialStates):
+    """What a rollout from each initial state starts with: the frame's tokens, the state reader's reading (None
+    without a reader) and, with state dynamics, the true state and target marker (ValueError where not recorded)."""
+    first_codes = np.concatenate([world.encode(f, f) for f in np.array_split(states.frames, -(-len(states) // 256))])
+    first_states = world.state_reader.read(states.frames) if world.state_reader is not None else None
+    true_starts = None
+    if world.state_dynamics is not None:
+        true_starts = states.true_states()
+        if np.isnan(true_starts[0]).any() or np.isnan(true_starts[1]).any():
+            raise ValueError("the world model has state dynamics, which start from the true start states, but the "
+                             "initial states do not record them all")
+    return first_codes, first_states, true_starts
+
+
 @dataclass
 class _Simulator:
     """The world model and initial states behind both envs; `advance` steps any number of rollouts in one batch."""
@@ -115,18 +129,26 @@ class _Simulator:
             if len(rows) == 0:
                 raise ValueError(f"the checkpoint has no initial states for task {task!r}; it has {sorted(set(states.tasks.tolist()))}")
             states = states.select(rows)
-        first_codes = np.concatenate([world.encode(f, f) for f in np.array_split(states.frames, -(-len(states) // 256))])
-        first_states = world.state_reader.read(states.frames) if world.state_reader is not None else None
-        true_starts = None
-        if world.state_dynamics is not None:
-            true_starts = states.true_states()
-            if np.isnan(true_starts[0]).any() or np.isnan(true_starts[1]).any():
-                raise CheckpointError(
-                    f"{checkpoint} has state dynamics, which start from the true start states, but its initial states "
-                    "do not record them all: add them with `rlvr-gym train state-dynamics --world-model` (it records "
-                    "them by resetting the real env at each seed)")
+        try:
+            first_codes, first_states, true_starts = _read_starts(world, states)
+        except ValueError as error:
+            raise CheckpointError(f"{checkpoint}: {error}; add them with `rlvr-gym train state-dynamics --world-model` "
+                                  "(it records them by resetting the real env at each seed)") from None
         return cls(world, states, first_codes, SamplingConfig(temperature=temperature), first_states, guard or Guard(),
                    true_starts)
+
+    def add_starts(self, states: InitialStates) -> np.ndarray:
+        """Append `states` (real first frames, e.g. the held-out starts an agent is scored from in the real env) to
+        the initial states; returns their rows, for `reset(options={"index": rows})`."""
+        first_codes, first_states, true_starts = _read_starts(self.world, states)
+        rows = np.arange(len(self.states), len(self.states) + len(states))
+        self.states = concatenate_starts(self.states, states)
+        self.first_codes = np.concatenate([self.first_codes, first_codes])
+        if first_states is not None:
+            self.first_states = np.concatenate([self.first_states, first_states])
+        if true_starts is not None:
+            self.true_starts = tuple(np.concatenate(pair) for pair in zip(self.true_starts, true_starts))
+        return rows
 
     def start(self, rng: np.random.Generator, index: int | None = None) -> _Rollout:
         """A new rollout from initial state `index`, or one drawn with `rng`."""
