@@ -161,8 +161,9 @@ def final_check(config: CoTrainConfig, agents: list[tuple[int, Path]], world: st
     """An arm's curve scored again: the agent of each point ((real steps, saved agent)) on `episodes` real episodes
     (tabletop: held-out starts from CHECK_FIRST on; text: the games in the same seeded order, so 32 plays each game
     once: the 16 a text loop never collected on too), and the final agent also in the simulator `world` from the
-    same starts (a loop's last refit; the starting one for an agent trained in the real env). Like any final scoring it is not counted in the real-step budget. Kept in `path`, and
-    computed again when the agents (a loop that has run more rounds, a real arm trained again) or the world differ."""
+    same starts (a loop's last refit; the starting one for an agent trained in the real env). Like any final
+    scoring it is not counted in the real-step budget. Kept in `path`, and computed again when the agents (a loop
+    that has run more rounds, a real arm trained again) or the world differ."""
 
     def check() -> dict:
         load = DQN.load if config.algo == "dqn" else PPO.load
