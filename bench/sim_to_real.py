@@ -489,10 +489,12 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
               + (f"tabletop agents' reward shaped with weight {args.shaping:g}, in the learned sims from the "
                  "predicted state, in the real env from the true one; " if args.shaping else "")
               + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
-              "time). Intervals: 95% t over seeds."
+              "time), and as many in the simulator from the same starts (learned success). Intervals: 95% t over "
+              "seeds."
               + (f" Final check: every point's agent of each arm (but `frozen`) on {args.check_episodes} real "
-                 "episodes (text: the games in the same seeded order, so 32 plays each game once), and the final one "
-                 "in a simulator: a loop's last refit, the starting one for an agent trained in the real env."
+                 "episodes (tabletop: held-out starts no scoring took; text: the games in the same seeded order, so 32 "
+                 "plays each game once), and the final one in a simulator from the same starts: a loop's last refit, "
+                 "the starting one for an agent trained in the real env."
                  if args.check_episodes else ""),
               "", markdown_table(rows), "", *lines, "",
               "![curves](sim_to_real.png)", ""]

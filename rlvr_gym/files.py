@@ -24,11 +24,19 @@ def read_log(run_dir: str | os.PathLike) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
 
 
+PROSE_FILES = ("CARD.md", "README.md")
+"""A checkpoint's prose, which `content_fingerprint` of its directory leaves out."""
+
+
 def content_fingerprint(path: str | os.PathLike) -> str:
-    """A hash of a file's bytes, or of every file of a directory (relative names and bytes): it changes when a weight,
-    a setting or a start state changes, and stays the same in a fresh clone, where every mtime is new."""
+    """A hash of a file's bytes, or of every file of a directory (relative names and bytes) but its prose (a model
+    card): it changes when a weight, a setting or a start state changes, not when the card is edited, and stays the
+    same in a fresh clone, where every mtime is new."""
     path = Path(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name not in PROSE_FILES)
+    else:
+        files = [path]
     digest = hashlib.sha256()
     for file in files:
         digest.update(f"{file.relative_to(path) if path.is_dir() else file.name}\0".encode())

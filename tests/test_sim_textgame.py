@@ -756,6 +756,8 @@ def test_the_paid_bench_scores_agents_in_the_real_games_and_each_simulator_and_c
     moved = tmp_path / "moved"
     shutil.copytree(other, moved)
     assert content_fingerprint(moved) == content_fingerprint(other)
+    (moved / "CARD.md").write_text("# An edited card\n")
+    assert content_fingerprint(moved) == content_fingerprint(other), "the card is prose, not the simulator"
     weights = next(other.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:-1] + bytes([weights.read_bytes()[-1] ^ 1]))
     monkeypatch.setattr(text_agents_paid, "learned_success", lambda *a: 0.5)
