@@ -67,6 +67,7 @@ def test_the_learned_env_starts_where_an_agent_is_scored_in_the_real_env():
         assert np.allclose(predicted, info_state(info), atol=1e-6), "the rollout starts from the true state"
     real.close()
     assert np.isfinite(venv.step(np.zeros((2, 7), np.float32))[4]["success_prob"]).all()
+    venv.close()
 
 
 def test_gym_make_works_right_after_install_with_the_rlvr_model():
