@@ -507,7 +507,8 @@ def scoring_first(config: CoTrainConfig, state: State) -> int:
 
 def learned_success_rt1(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int, first: int) -> float:
     """From the real first frames and true states of the held-out starts `first`.. the real scoring uses."""
-    from agents.robot import real_initial_states, real_start_states
+    from agents.robot import real_start_states
+    from rlvr_gym.data.robot import real_initial_states
     from rlvr_gym.evaluation.policies import Job, learned_rollouts, sb3_actor
     from rlvr_gym.sim.robot import RT1WorldVectorEnv
 

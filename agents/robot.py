@@ -22,7 +22,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper,
 from envs.robot import TASKS, RealRT1Env
 from envs.robot.tasks import task_from_instruction
 from rlvr_gym.data.episodes import SEEDS_PER_RUN, info_state
-from rlvr_gym.data.robot import InitialStates, load_initial_states
+from rlvr_gym.data.robot import load_initial_states
 from rlvr_gym.evaluation.policies import policy_frames, real_rollout, sb3_actor
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.state_dynamics import dynamics_success_probability
@@ -138,26 +138,6 @@ def real_start_states(episodes: int, task: str | None = None, run: int = EVAL_SE
     if task is not None and task not in TASKS:
         raise ValueError(f"unknown task {task!r}: use one of {TASKS}")
     return [(task or TASKS[i % len(TASKS)], run * SEEDS_PER_RUN + i) for i in range(first, first + episodes)]
-
-
-def real_initial_states(starts: list[tuple[str, int]]) -> InitialStates:
-    """The real env's first frames at `starts` ((task, env seed), e.g. `real_start_states`), with their true states,
-    for the learned env to start from where the real one does (`_Simulator.add_starts`)."""
-    envs: dict[str, RealRT1Env] = {}
-    frames, instructions, states, targets = [], [], [], []
-    try:
-        for name, seed in starts:
-            frame, info = envs.setdefault(name, RealRT1Env(task=name)).reset(seed=seed)
-            frames.append(frame)
-            instructions.append(info["instruction"])
-            states.append(info_state(info))
-            targets.append(info["target_pos"][:2])
-    finally:
-        for env in envs.values():
-            env.close()
-    return InitialStates(np.stack(frames), np.array([name for name, _ in starts], dtype=str),
-                         np.array(instructions, dtype=str), np.array([seed for _, seed in starts], dtype=np.int64),
-                         np.stack(states).astype(np.float32), np.stack(targets).astype(np.float32))
 
 
 def check_held_out(checkpoint: str | os.PathLike, starts: list[tuple[str, int]]) -> None:

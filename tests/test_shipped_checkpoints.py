@@ -2,6 +2,7 @@
 
 import json
 import warnings
+from dataclasses import replace
 
 import gymnasium as gym
 import numpy as np
@@ -48,10 +49,12 @@ def test_rt1_dynamics_decides_success_from_the_state_it_predicts_from_true_start
 
 
 def test_the_learned_env_starts_where_an_agent_is_scored_in_the_real_env():
-    from agents.robot import real_initial_states, real_start_states
+    from agents.robot import real_start_states
     from envs.robot import RealRT1Env
     from rlvr_gym.data.episodes import STATE_NAMES, info_state
+    from rlvr_gym.data.robot import load_initial_states, real_initial_states
     from rlvr_gym.sim.robot import RT1WorldVectorEnv
+    from rlvr_gym.train.state_dynamics import record_true_starts
 
     venv = RT1WorldVectorEnv(num_envs=2, checkpoint="rt1-dynamics", task="close_drawer")
     known = len(venv.sim.states)
@@ -68,6 +71,10 @@ def test_the_learned_env_starts_where_an_agent_is_scored_in_the_real_env():
     real.close()
     assert np.isfinite(venv.step(np.zeros((2, 7), np.float32))[4]["success_prob"]).all()
     venv.close()
+    # The shipped start states' true states are the ones a reset at their seeds records.
+    shipped = load_initial_states(SHIPPED_DIR / "rt1-dynamics").select(np.arange(3))
+    recorded = record_true_starts(replace(shipped, states=None, targets=None))
+    assert np.allclose(recorded.states, shipped.states, atol=1e-6) and np.allclose(recorded.targets, shipped.targets)
 
 
 def test_gym_make_works_right_after_install_with_the_rlvr_model():

@@ -24,7 +24,7 @@ import torch
 
 from envs.robot.tasks import TASKS, task_and_layout
 from rlvr_gym.data import video_tokens as V
-from rlvr_gym.data.episodes import IMAGE_SHAPE, STATE_NAMES, Episode
+from rlvr_gym.data.episodes import IMAGE_SHAPE, STATE_NAMES, Episode, info_state
 from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
 from rlvr_gym.domains import robot as R
 from rlvr_gym.files import CheckpointError
@@ -114,6 +114,28 @@ def concatenate_starts(first: InitialStates, second: InitialStates) -> InitialSt
     return InitialStates(*(np.concatenate([getattr(first, name), getattr(second, name)])
                            for name in ("frames", "tasks", "instructions", "seeds")),
                          *(np.concatenate([a, b]) for a, b in zip(first.true_states(), second.true_states())))
+
+
+def real_initial_states(starts: list[tuple[str, int]]) -> InitialStates:
+    """The real env's first frames at `starts` ((task, env seed), e.g. `agents.robot.real_start_states`), with their
+    true states, for the learned env to start from where the real one does (`_Simulator.add_starts`)."""
+    from envs.robot.env import RealRT1Env  # MuJoCo and a renderer: only when a real env is reset
+
+    envs: dict[str, RealRT1Env] = {}
+    frames, instructions, states, targets = [], [], [], []
+    try:
+        for name, seed in starts:
+            frame, info = envs.setdefault(name, RealRT1Env(task=name)).reset(seed=seed)
+            frames.append(frame)
+            instructions.append(info["instruction"])
+            states.append(info_state(info))
+            targets.append(info["target_pos"][:2])
+    finally:
+        for env in envs.values():
+            env.close()
+    return InitialStates(np.stack(frames), np.array([name for name, _ in starts], dtype=str),
+                         np.array(instructions, dtype=str), np.array([seed for _, seed in starts], dtype=np.int64),
+                         np.stack(states).astype(np.float32), np.stack(targets).astype(np.float32))
 
 
 def write_initial_states(world_dir: str | os.PathLike, states: InitialStates) -> Path:

@@ -23,9 +23,15 @@ import numpy as np
 import torch
 
 from envs.robot.tasks import TASKS, task_from_instruction
-from rlvr_gym.data.episodes import ACTION_DIM, Episode, info_state, load_episodes
+from rlvr_gym.data.episodes import ACTION_DIM, Episode, load_episodes
 from rlvr_gym.data.real_env_versions import REAL_ENV_FILE
-from rlvr_gym.data.robot import InitialStates, episode_starts, load_initial_states, write_initial_states
+from rlvr_gym.data.robot import (
+    InitialStates,
+    episode_starts,
+    load_initial_states,
+    real_initial_states,
+    write_initial_states,
+)
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.files import atomic_write_text
 from rlvr_gym.models.robot_world_model import RobotWorldModel, load_network, load_state_dynamics
@@ -121,20 +127,13 @@ def dynamics_metrics(model: StateDynamics, episodes: list[Episode]) -> dict[str,
 def record_true_starts(states: InitialStates) -> InitialStates:
     """`states` with the true state and target marker of every first frame, from the real env reset at its seed
     where they were not recorded (a frame without a seed, e.g. an imported one, is refused)."""
-    from envs.robot.env import RealRT1Env  # MuJoCo and a renderer: only when states must be recorded
-
     true, targets = (x.copy() for x in states.true_states())
     missing = np.flatnonzero(np.isnan(true).any(1) | np.isnan(targets).any(1))
     if len(missing) and (states.seeds[missing] < 0).any():
         raise ValueError("some initial states have neither a true state nor a real-env seed to record it from")
-    envs: dict[str, RealRT1Env] = {}
-    for i in missing:
-        task = str(states.tasks[i])
-        env = envs.setdefault(task, RealRT1Env(task=task))
-        _, info = env.reset(seed=int(states.seeds[i]))
-        true[i], targets[i] = info_state(info), info["target_pos"][:2]
-    for env in envs.values():
-        env.close()
+    if len(missing):
+        recorded = real_initial_states([(str(states.tasks[i]), int(states.seeds[i])) for i in missing])
+        true[missing], targets[missing] = recorded.states, recorded.targets
     return InitialStates(states.frames, states.tasks, states.instructions, states.seeds, true, targets)
 
 
