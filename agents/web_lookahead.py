@@ -17,9 +17,10 @@ Agents, all choosing among `envs.web.solvers.candidate_actions` of the current r
   choice everywhere (seed 1: 42-45% against the baseline's 69%; this order, seed 2: 54-56% against 68%).
 
 Episode i plays task `tasks[i % len(tasks)]` with MiniWoB seed `seed * 1_000_000 + i // len(tasks)`, the same
-pages for every agent; a checkpoint trained on any of them is refused. Success is the real env's reward > 0 at
-the end. MiniWoB pages end an episode after 10-30 s of wall time: the world model's thinking is not charged to it
-(the page's episode timer is paused while an agent chooses), so every agent gets the same page time per action.
+pages for every agent; a checkpoint trained on any of them is refused. Success is the task done at the end
+(`envs.web.task_done`: raw reward 1; click-checkboxes' partial credit is not success). MiniWoB pages end an
+episode after 10-30 s of wall time: the world model's thinking is not charged to it (the page's episode timer is
+paused while an agent chooses), so every agent gets the same page time per action.
 
 A browser that dies mid-episode is restarted (the env replays the episode); when that fails, the episode counts
 as failed with its error and the next one starts in a fresh browser. WebDriver commands time out (envs.web), the
@@ -42,7 +43,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from envs.web import TASKS, BrowserError, WebTaskEnv, parse, parse_action
+from envs.web import TASKS, BrowserError, WebTaskEnv, parse, parse_action, task_done
 from envs.web.env import BROWSER_ERRORS
 from envs.web.solvers import candidate_actions
 from rlvr_gym.data.web import check_disjoint_episodes, read_training_record
@@ -205,7 +206,7 @@ def play_episode(env: WebTaskEnv, policy: Policy, seed: int, max_steps: int, tim
     return {
         "task": env.task,
         "seed": seed,
-        "success": bool(terminated and reward > 0),
+        "success": bool(terminated and task_done(reward)),
         "reward": reward,
         "steps": len(taken),
         "actions": taken,

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from envs.robot.policies import AXES
-from envs.web import browser_available
+from envs.web import WebTaskEnv, browser_available, task_done
 from envs.web.solvers import last_button, trivial_policy
 from rlvr_gym.evaluation.probe import (
     ProbeConfig,
     TextProbeConfig,
     WebProbeConfig,
+    play_web,
     probe_rt1,
     probe_textgame,
     probe_web,
@@ -101,6 +102,33 @@ def test_web_probe_runs_real_pages_and_the_learned_env(tmp_path):
     assert per_task == {"task": "click-button", **{r["policy"]: r["outcome_match"] for r in result["policies"]}}
     with pytest.raises(ValueError, match="no start pages of"):
         probe_web(WebProbeConfig(checkpoint="web-rlvr", tasks=("no-such-task",), out=str(tmp_path)))
+
+
+@pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
+def test_partial_credit_for_a_submit_with_boxes_left_wrong_is_not_success():
+    env = WebTaskEnv("click-checkboxes", max_steps=2)
+    rewards = []
+
+    def step(action: str) -> tuple[str, float, bool, bool]:
+        tree, reward, terminated, truncated, _ = env.step(action)
+        rewards.append(reward)
+        return tree, reward, terminated, truncated
+
+    try:
+        for seed in range(20):  # MiniWoB draws the boxes to tick; find a page where few need ticking
+            utterance, tree, _ = env.reset(seed=seed)
+            if "nothing" in utterance:
+                continue
+            outcome = play_web(step, utterance, tree, trivial_policy("submit-with-nothing-filled"), 2)
+            reward = rewards[-1]
+            if 0 < reward < 1:
+                break
+        else:
+            pytest.fail("no click-checkboxes page in 20 seeds paid partial credit for an empty submit")
+    finally:
+        env.close()
+    assert outcome == (False, True) and not task_done(reward)
+    assert task_done(1.0) and not task_done(0.99) and not task_done(-1.0)
 
 
 def test_reports_of_two_checkpoints_with_the_same_last_name_stay_apart(tmp_path, monkeypatch):

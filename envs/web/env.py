@@ -93,6 +93,13 @@ def parse_action(action: str) -> tuple[str, int, str | None]:
     return m.group(1), int(m.group(2)), m.group(3)
 
 
+def task_done(raw_reward: float) -> bool:
+    """Whether an episode's MiniWoB raw reward says its task was done: full marks, 1. Every task here pays 1 or -1
+    but click-checkboxes, which pays the share of boxes set right (as 2 x share - 1): a Submit that leaves one of
+    five boxes wrong gets 0.6, its task not done (MiniWoB's `get_binary_reward` reads it the same way)."""
+    return raw_reward >= 1.0
+
+
 class WebTaskEnv:
     """A MiniWoB++ task in headless Chromium, seen as its accessibility tree and acted on by text.
 
@@ -117,7 +124,8 @@ class WebTaskEnv:
 
     ## Rewards
     MiniWoB's raw reward, not scaled by elapsed time: 0 until the episode ends, then the task's score in
-    [-1, 1] (1 = success). `info["env_reward"]` has the time-scaled one.
+    [-1, 1]. The task is done only at 1 (`task_done`): click-checkboxes pays partial credit below it.
+    `info["env_reward"]` has the time-scaled one.
 
     ## Starting State
     The task generated from the episode's seed: `seed`, `seed + 1`, ... for successive resets; `reset(seed=s)`

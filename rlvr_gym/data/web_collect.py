@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from envs.web import TASKS, WebTaskEnv, record_transitions
+from envs.web import TASKS, WebTaskEnv, record_transitions, task_done
 from envs.web.env import BROWSER_ERRORS
 from envs.web.solvers import EXPERTS, TRIVIAL_POLICIES
 from rlvr_gym.data.web import FORMAT, FORMAT_VERSION, MANIFEST, SEEDS_PER_RUN, TRAIN_TASKS, read_manifest
@@ -102,7 +102,7 @@ def collect_web(config: WebCollectConfig, env: WebTaskEnv | None = None) -> Path
             continue
         entry["seeds"].append(seed)
         entry["transitions"] += len(records)
-        entry["successes"] += int(bool(records) and records[-1]["reward"] > 0)
+        entry["successes"] += int(bool(records) and task_done(records[-1]["reward"]))
         lines.extend(json.dumps(r) + "\n" for r in records)
     flush()
     seconds = time.perf_counter() - started

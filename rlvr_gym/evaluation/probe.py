@@ -244,8 +244,10 @@ def probe_textgame(config: TextProbeConfig) -> dict:
 
 def play_web(step: Callable[[str], tuple[str, float, bool, bool]], utterance: str, tree: str,
              policy: Callable[[str, str], str | None], max_steps: int) -> tuple[bool, bool]:
-    """One episode from `tree`; `step(action) -> (tree, reward, terminated, truncated)`. Returns (success: a
-    positive return, terminated)."""
+    """One episode from `tree`; `step(action) -> (tree, reward, terminated, truncated)`. Returns (success: the
+    return says the task was done, `envs.web.task_done`; terminated)."""
+    from envs.web import task_done
+
     total, terminated = 0.0, False
     for _ in range(max_steps):
         action = policy(utterance, tree)
@@ -255,7 +257,7 @@ def play_web(step: Callable[[str], tuple[str, float, bool, bool]], utterance: st
         total += reward
         if terminated or truncated:
             break
-    return total > 0, terminated
+    return task_done(total), terminated
 
 
 @dataclass
