@@ -68,6 +68,12 @@ class Args:
     """RT-1: frames are block-averaged to this size (divides 64) before the policy sees them."""
     temperature: float = 0.0
     """RT-1: sampling temperature of the simulator's frames (0: greedy)."""
+    shaping: float = 0.0
+    """RT-1: weight of the shaped reward in the simulator (`agents.robot.VecShaped`: the change in the log-odds of
+    success it reports, added to the sparse reward); 0: the sparse reward alone."""
+    eval_first: int = 0
+    """RT-1: the real scorings' held-out starts begin at this index of their run (a simulator refit on real episodes
+    from the first ones, as the co-training loop's are, is scored past them)."""
     learning_rate: float = 3e-4
     """Optimizer learning rate."""
     batch_size: int = 128
@@ -131,9 +137,13 @@ def build(args: Args) -> tuple[object, Callable[[BaseAlgorithm], dict]]:
         from agents.robot import DEFAULT_CHECKPOINT, check_held_out, evaluate_in_real, make_sim_env, real_start_states
 
         checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
-        check_held_out(checkpoint, real_start_states(args.eval_episodes, args.task))
-        env = make_sim_env(checkpoint, args.num_envs, args.task, args.horizon, args.frame_size, args.temperature)
-        return env, lambda model: evaluate_in_real(model, args.eval_episodes, args.task, args.horizon)
+        check_held_out(checkpoint, real_start_states(args.eval_episodes, args.task, first=args.eval_first))
+        env = make_sim_env(checkpoint, args.num_envs, args.task, args.horizon, args.frame_size, args.temperature,
+                           args.shaping)
+        return env, lambda model: evaluate_in_real(model, args.eval_episodes, args.task, args.horizon,
+                                                   first=args.eval_first)
+    if args.shaping or args.eval_first:
+        raise ValueError("--shaping and --eval-first are the tabletop's (RLVRWorld-RT1-v0)")
     from agents import textgame
 
     checkpoint = args.checkpoint or textgame.DEFAULT_CHECKPOINT
@@ -147,6 +157,8 @@ def train(args: Args) -> dict:
         raise ValueError(f"--algo {args.algo} does not fit {args.env}: use one of {ALGOS[args.env]}")
     if args.steps < 1 or args.eval_every < 1 or args.eval_episodes < 1 or args.num_envs < 1:
         raise ValueError("steps, eval_every, eval_episodes and num_envs must be >= 1")
+    if args.shaping < 0 or args.eval_first < 0:
+        raise ValueError(f"shaping and eval_first must be >= 0, got {args.shaping} and {args.eval_first}")
     torch.set_num_threads(1)
     out = Path(args.out or f"runs/agents/{'rt1' if args.env == RT1_ENV else 'textgame'}-{args.algo}")
     out.mkdir(parents=True, exist_ok=True)

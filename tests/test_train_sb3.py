@@ -112,6 +112,26 @@ def test_shaping_adds_the_change_in_the_log_odds_of_success_and_nothing_across_e
     shaped.close()
 
 
+def test_rt1_training_takes_the_shaped_reward_and_scores_from_the_held_out_starts_asked_for(tiny_world, monkeypatch):
+    from agents.robot import VecShaped
+    from agents.train_sb3 import build
+
+    firsts = []
+    monkeypatch.setattr("agents.robot.evaluate_in_real",
+                        lambda model, episodes, task, horizon, first: firsts.append(first) or {"success_rate": 0.0})
+    env, evaluate = build(Args(checkpoint=tiny_world, num_envs=2, horizon=8, shaping=0.2, eval_first=500))
+    assert isinstance(env.venv, VecShaped) and env.venv.weight == 0.2
+    assert evaluate(None) == {"success_rate": 0.0} and firsts == [500]
+    env.close()
+    env, _ = build(Args(checkpoint=tiny_world, num_envs=2, horizon=8))
+    assert not isinstance(env.venv, VecShaped), "unshaped by default"
+    env.close()
+    with pytest.raises(ValueError, match="tabletop"):
+        build(Args(env="RLVRWorld-TextGame-v0", algo="dqn", shaping=0.2))
+    with pytest.raises(ValueError, match=">= 0"):
+        train(Args(checkpoint=tiny_world, eval_first=-1))
+
+
 def test_real_scores_come_from_held_out_start_states(tiny_world):
     starts = real_start_states(5)
     assert [t for t, _ in starts][:4] == ["open_drawer", "close_drawer", "move_near", "push_to_target"]
