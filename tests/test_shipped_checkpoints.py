@@ -22,8 +22,9 @@ from rlvr_gym.models.lm import SHIPPED_DIR
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 
 
-# rt1-dynamics carries rt1-rlvr's 9.9 MiB video model and 1.4 MiB of state dynamics.
-@pytest.mark.parametrize("name, budget_mib", [("rt1-mle", 10), ("rt1-rlvr", 10), ("rt1-dynamics", 12)])
+# rt1-dynamics carries rt1-rlvr's 9.9 MiB video model and 1.4 MiB of state dynamics; rt1-cotrained is its refit.
+@pytest.mark.parametrize("name, budget_mib", [("rt1-mle", 10), ("rt1-rlvr", 10), ("rt1-dynamics", 12),
+                                              ("rt1-cotrained", 12)])
 def test_shipped_robot_world_models_are_small_and_carry_a_card(name, budget_mib):
     path = SHIPPED_DIR / name
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -35,13 +36,17 @@ def test_shipped_robot_world_models_are_small_and_carry_a_card(name, budget_mib)
     assert world.settings.context_steps >= 1
 
 
-def test_rt1_dynamics_decides_success_from_the_state_it_predicts_from_true_start_states():
+@pytest.mark.parametrize("name", ["rt1-dynamics", "rt1-cotrained"])
+def test_rt1_dynamics_decides_success_from_the_state_it_predicts_from_true_start_states(name):
+    from agents.robot import check_held_out, real_start_states
     from rlvr_gym.data.robot import load_initial_states
 
-    world = RobotWorldModel.load("rt1-dynamics")
+    world = RobotWorldModel.load(name)
     assert world.state_dynamics is not None and world.state_reader is None and world.settings.success_thresholds == {}
-    assert np.isfinite(load_initial_states(SHIPPED_DIR / "rt1-dynamics").states).all()
-    env = gym.make("RLVRWorld-RT1-v0", checkpoint="rt1-dynamics")
+    assert np.isfinite(load_initial_states(SHIPPED_DIR / name).states).all()
+    # The co-training loop started its simulator from its scorings' held-out starts too; none is shipped.
+    check_held_out(name, real_start_states(64, "close_drawer"))
+    env = gym.make("RLVRWorld-RT1-v0", checkpoint=name)
     check_env(env.unwrapped, skip_render_check=True)
     env.reset(seed=0)
     info = env.step(np.zeros(7, np.float32))[4]
@@ -114,8 +119,8 @@ def test_language_envs_work_right_after_install_with_the_rlvr_models(env_id):
     assert isinstance(reward, float) and isinstance(terminated, bool) and "error" in info
 
 
-@pytest.mark.parametrize("name", ["rt1-mle", "rt1-rlvr", "rt1-dynamics", "textgame-sft", "textgame-rlvr", "web-sft",
-                                  "web-rlvr", "web-refit"])
+@pytest.mark.parametrize("name", ["rt1-mle", "rt1-rlvr", "rt1-dynamics", "rt1-cotrained", "textgame-sft",
+                                  "textgame-rlvr", "web-sft", "web-rlvr", "web-refit"])
 def test_every_shipped_checkpoint_records_its_real_env_and_loads_without_a_version_warning(name):
     domain = name.split("-")[0]
     record = read_real_env_versions(SHIPPED_DIR / name)
