@@ -9,14 +9,26 @@ import shutil
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from envs.web import WebTaskEnv, browser_available, record_transitions
 from envs.web.solvers import candidate_actions, quoted_strings
 from rlvr_gym.data.web import encode_examples, train_web_tokenizer, transition_texts
+from rlvr_gym.data.web_collect import WebCollectConfig, collect_web
 from rlvr_gym.domains.web import apply_diff, parse_target
 from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
+from rlvr_gym.models.web_outcome import (
+    CLASSES,
+    OUTCOME_DIR,
+    OutcomeHead,
+    OutcomeSize,
+    element_line,
+    encode_outcome_inputs,
+    outcome_label,
+    outcome_tail,
+)
 from rlvr_gym.sim.web import (
     CANDIDATE_FEATURES,
     START_PAGES,
@@ -29,6 +41,7 @@ from rlvr_gym.sim.web import (
     write_start_pages,
 )
 from rlvr_gym.train.sft import SFTConfig, train_sft
+from rlvr_gym.train.web_outcome import OutcomeConfig, outcome_examples, outcome_metrics, train_web_outcome
 
 pytestmark = pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
 TASKS = ("click-test-2", "enter-text")
@@ -211,3 +224,96 @@ def test_discrete_wrapper_indexes_candidates_and_masks_the_rest(untrained):
     assert "no candidate 3" in step_info["error"] and not (terminated or truncated) and np.array_equal(after[:-1], obs[:-1])
     _, _, _, truncated, step_info = env.step(0)
     assert truncated and "does not parse" in step_info["error"]
+
+
+# ---------------------------------------------------------------------------------------------------- outcome head
+
+HEAD = OutcomeSize(hidden_size=32, layers=1, heads=2, intermediate_size=64, max_tokens=160)
+
+
+def outcome_config(run_dir, world_model, data, **kw) -> OutcomeConfig:
+    settings = dict(run_dir=str(run_dir), world_model=str(world_model), data=(str(data),), steps=40, lr=1e-2,
+                    warmup_steps=5, batch_size=16, save_every=20, eval_every=0, size=HEAD)  # fmt: skip
+    return OutcomeConfig(**{**settings, **kw})
+
+
+@pytest.fixture(scope="module")
+def with_head(trained, tmp_path_factory):
+    """(the trained world model with an outcome head, the real dataset the head learned from)."""
+    root = tmp_path_factory.mktemp("outcome")
+    env = WebTaskEnv(TASKS[0], max_steps=4)
+    try:
+        data = collect_web(WebCollectConfig(out=str(root / "data"), tasks=TASKS, episodes=6, seed=3, skills=(1.0, 0.3),
+                                            max_steps=4, workers=1), env)  # fmt: skip
+    finally:
+        env.close()
+    return train_web_outcome(outcome_config(root / "run", trained, data)), data
+
+
+def test_the_outcome_input_keeps_the_task_action_and_element_whole_and_cuts_the_page(untrained):
+    from rlvr_gym.models.lm import load_tokenizer
+
+    tokenizer = load_tokenizer(untrained)
+    page = load_start_pages(untrained)[0]
+    tree = page.tree + "".join(f"\n\t[{100 + i}] StaticText 'filler line {i}'" for i in range(200))
+    action = candidate_actions(page.utterance, page.tree)[0]
+    assert element_line(tree, action) and element_line(tree, "click [999]") == "" == element_line(tree, "jump")
+    (ids,) = encode_outcome_inputs(tokenizer, [page.utterance], [tree], [action], max_tokens=96)
+    tail = tokenizer(outcome_tail(page.utterance, tree, action), add_special_tokens=False)["input_ids"]
+    assert len(ids) == 96 and ids[-len(tail) :] == tail and ids[0] == tokenizer.bos_token_id
+
+
+def test_outcome_labels_separate_the_task_done_from_other_ends():
+    assert [outcome_label(0.0, False), outcome_label(1.0, True), outcome_label(-1.0, True), outcome_label(0.6, True)] == [
+        CLASSES.index("continue"), CLASSES.index("success"), CLASSES.index("failure"), CLASSES.index("failure")]
+
+
+def test_the_outcome_head_learns_the_real_outcomes_it_was_trained_on(with_head):
+    world_model, data = with_head
+    from rlvr_gym.data.web import load_web_data
+
+    head = OutcomeHead(world_model / OUTCOME_DIR)
+    records, _ = load_web_data(data)
+    examples = outcome_examples(records, head.tokenizer, head.max_tokens)
+    majority = np.bincount(examples.labels).max() / len(examples.labels)
+    metrics = outcome_metrics(head.model, examples, head.tokenizer.pad_token_id)
+    assert metrics["outcome_accuracy"] > majority and metrics["outcome_accuracy"] >= 0.8, (metrics, majority)
+    assert len(set(examples.labels.tolist())) == 3  # the set holds all three outcomes, so the bar above means something
+
+
+def test_the_env_takes_reward_and_done_from_the_outcome_head(with_head):
+    world_model, _ = with_head
+    head = OutcomeHead(world_model / OUTCOME_DIR)
+    for use_head in (True, False):
+        env = WebWorldEnv(world_model, task="click-test-2", max_steps=4, max_new_tokens=100, outcome_head=use_head)
+        _, info = env.reset(seed=7)
+        tree, utterance, action = info["tree"], env.unwrapped.utterance, info["candidates"][0]
+        _, reward, terminated, _, info = env.step(action)
+        assert info["error"] is None
+        target, _ = parse_target(info["prediction"])
+        outcome = head.predict(utterance, tree, [action])[0]
+        done, paid = (outcome.done, outcome.reward) if use_head else (target["done"], np.clip(target["reward"], -1, 1))
+        assert (terminated, reward) == (done, paid if done else 0.0)
+
+
+def test_an_outcome_head_run_resumes_to_the_same_head(with_head, tmp_path):
+    _, data = with_head
+    world_model = with_head[0]
+    straight = train_web_outcome(outcome_config(tmp_path / "straight", world_model, data, steps=20, save_every=10))
+    train_web_outcome(outcome_config(tmp_path / "killed", world_model, data, steps=10, save_every=10))
+    resumed = train_web_outcome(outcome_config(tmp_path / "killed", world_model, data, steps=20, save_every=10,
+                                               resume=True))  # fmt: skip
+    a, b = (OutcomeHead(p / OUTCOME_DIR).model.state_dict() for p in (straight, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(FileExistsError, match="--resume"):
+        train_web_outcome(outcome_config(tmp_path / "killed", world_model, data, steps=20))
+
+
+def test_a_corrupt_outcome_head_is_refused_with_its_name(with_head, tmp_path):
+    world_model, _ = with_head
+    broken = tmp_path / "broken"
+    shutil.copytree(world_model, broken)
+    (broken / OUTCOME_DIR / "model.safetensors").write_bytes(b"not a tensor file")
+    with pytest.raises(CheckpointError, match="outcome head"):
+        WebWorldModel(broken, max_new_tokens=100)
+    assert WebWorldModel(broken, max_new_tokens=100, outcome_head=False).outcome is None

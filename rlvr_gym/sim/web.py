@@ -36,6 +36,7 @@ from rlvr_gym.data.web import encode_prompts
 from rlvr_gym.domains.web import apply_diff, expand_diff, parse_target
 from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
+from rlvr_gym.models.web_outcome import OUTCOME_DIR, Outcome, OutcomeHead
 from rlvr_gym.sim.discrete import action_mask, stable_bucket
 
 START_PAGES = "web_start_pages.json"
@@ -184,10 +185,12 @@ class Prediction:
 
 class WebWorldModel:
     """A web world model checkpoint: predicts, for a page and several actions, each action's next page, reward and
-    done, with one batched `sample_texts` call."""
+    done, with one batched `sample_texts` call. The reward and done come from the checkpoint's outcome head
+    (CHECKPOINT/outcome/, `rlvr_gym.models.web_outcome`) when it has one and `outcome_head` is on, from the LM's own
+    Reward and Done lines otherwise."""
 
     def __init__(self, checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT, temperature: float = 0.0,
-                 max_new_tokens: int = 768, batch_size: int = 32):  # fmt: skip
+                 max_new_tokens: int = 768, batch_size: int = 32, outcome_head: bool = True):  # fmt: skip
         if temperature < 0 or max_new_tokens < 1 or batch_size < 1:
             raise ValueError(
                 f"temperature must be >= 0 (0 = greedy), max_new_tokens and batch_size >= 1; got {temperature}, "
@@ -197,6 +200,8 @@ class WebWorldModel:
         model, tokenizer = load_model(checkpoint)
         self.tokenizer = checked_tokenizer(tokenizer, checkpoint)
         self.model = model.eval()
+        head = resolve_checkpoint(checkpoint) / OUTCOME_DIR
+        self.outcome = OutcomeHead(head, batch_size) if outcome_head and head.exists() else None
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
@@ -210,8 +215,9 @@ class WebWorldModel:
 
     @torch.no_grad()
     def predict(self, utterance: str, tree: str, actions: Sequence[str], seed: int = 0) -> list[Prediction]:
-        """One prediction per action. An action `check_action` refuses, a prompt longer than the model's context,
-        and a completion that does not parse give an error instead."""
+        """One prediction per action: the page from the LM, the reward and done from the outcome head when there
+        is one. An action `check_action` refuses, a prompt longer than the model's context, and a completion that
+        does not parse give an error instead."""
         out: list[Prediction | None] = []
         for action in actions:
             error = check_action(action, tree)
@@ -229,12 +235,14 @@ class WebWorldModel:
         if fits:
             completions = sample_texts(self.model, self.tokenizer, [p for _, p in fits], self.batch_size,
                                        self.max_new_tokens, temperature=self.temperature, seed=seed)  # fmt: skip
-            for (i, _), (text,) in zip(fits, completions):
-                out[i] = self._outcome(actions[i], utterance, tree, text)
+            heads = (self.outcome.predict(utterance, tree, [actions[i] for i, _ in fits]) if self.outcome is not None
+                     else [None] * len(fits))  # fmt: skip
+            for (i, _), (text,), head in zip(fits, completions, heads):
+                out[i] = self._outcome(actions[i], utterance, tree, text, head)
         return out  # type: ignore[return-value]
 
     @staticmethod
-    def _outcome(action: str, utterance: str, tree: str, text: str) -> Prediction:
+    def _outcome(action: str, utterance: str, tree: str, text: str, head: Outcome | None) -> Prediction:
         target, error = parse_target(text)
         if error is not None:
             return Prediction(action, tree, 0.0, False, 0, text, f"the model's output does not parse: {error}")
@@ -243,6 +251,8 @@ class WebWorldModel:
             error = f"the predicted page exceeds the observation's {MAX_TEXT_CHARS} characters"
             return Prediction(action, tree, 0.0, False, 0, text, error)
         changed = sum(len(lines) for lines in expand_diff(tree, target).values())
+        if head is not None:
+            return Prediction(action, next_tree, head.reward, head.done, changed, text)
         return Prediction(action, next_tree, target["reward"], target["done"], changed, text)
 
 
@@ -285,7 +295,8 @@ class WebWorldEnv(gym.Env):
     ## Rewards
     The predicted MiniWoB raw reward, clipped to [-1, 1] (the real env's range: 1 success, -1 failure, 0 before
     the end), paid only on the step the model predicts `Done: yes`: as in the real env, an episode that goes on
-    pays nothing.
+    pays nothing. Reward and done come from the checkpoint's outcome head when it has one (`outcome/`: a classifier
+    trained on real outcomes alone, `rlvr-gym train web-outcome`), otherwise from the LM's completion.
 
     ## Starting State
     A real page from the checkpoint's `web_start_pages.json`, drawn with `np_random` (only `task`'s pages when
@@ -306,6 +317,8 @@ class WebWorldEnv(gym.Env):
       reset seed gives the same rollout.
     - `task`: start only from this task's pages (default: all).
     - `max_new_tokens`: completion limit; a longer prediction does not parse.
+    - `outcome_head`: take reward and done from the checkpoint's outcome head when it has one (default True);
+      False reads them off the LM's completion.
     - `render_mode`: None or "ansi"; `render()` returns the observation text.
     """
 
@@ -319,6 +332,7 @@ class WebWorldEnv(gym.Env):
         task: str | None = None,
         max_new_tokens: int = 768,
         render_mode: str | None = None,
+        outcome_head: bool = True,
     ):
         if max_steps < 1:
             raise ValueError(f"max_steps must be a positive number of steps, got {max_steps}")
@@ -329,7 +343,7 @@ class WebWorldEnv(gym.Env):
             have = sorted({p.task for p in pages})
             raise ValueError(f"the checkpoint has no start pages of task {task!r}; it has {have}")
         self.pages = [p for p in pages if task is None or p.task == task]
-        self.world = WebWorldModel(checkpoint, temperature, max_new_tokens)
+        self.world = WebWorldModel(checkpoint, temperature, max_new_tokens, outcome_head=outcome_head)
         self.max_steps = max_steps
         self.temperature = temperature
         self.task = task
