@@ -2,6 +2,7 @@
 seeded rollouts, and the SB3 wrapper. One browser records the pages and transitions; the world models are tiny
 Llamas, one untrained (its output never parses) and one trained for a few seconds on the recorded transitions."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -239,15 +240,16 @@ def outcome_config(run_dir, world_model, data, **kw) -> OutcomeConfig:
 
 @pytest.fixture(scope="module")
 def with_head(trained, tmp_path_factory):
-    """(the trained world model with an outcome head, the real dataset the head learned from)."""
+    """(the trained world model with an outcome head, the real dataset the head learned from, a held-out one)."""
     root = tmp_path_factory.mktemp("outcome")
     env = WebTaskEnv(TASKS[0], max_steps=4)
     try:
-        data = collect_web(WebCollectConfig(out=str(root / "data"), tasks=TASKS, episodes=6, seed=3, skills=(1.0, 0.3),
-                                            max_steps=4, workers=1), env)  # fmt: skip
+        data, held_out = (collect_web(WebCollectConfig(out=str(root / name), tasks=TASKS, episodes=episodes, seed=seed,
+                                                       skills=(1.0, 0.3), max_steps=4, workers=1), env)
+                          for name, episodes, seed in (("data", 6, 3), ("heldout", 2, 4)))  # fmt: skip
     finally:
         env.close()
-    return train_web_outcome(outcome_config(root / "run", trained, data)), data
+    return train_web_outcome(outcome_config(root / "run", trained, data)), data, held_out
 
 
 def test_the_outcome_input_keeps_the_task_action_and_element_whole_and_cuts_the_page(untrained):
@@ -269,7 +271,7 @@ def test_outcome_labels_separate_the_task_done_from_other_ends():
 
 
 def test_the_outcome_head_learns_the_real_outcomes_it_was_trained_on(with_head):
-    world_model, data = with_head
+    world_model, data, _ = with_head
     from rlvr_gym.data.web import load_web_data
 
     head = OutcomeHead(world_model / OUTCOME_DIR)
@@ -282,7 +284,7 @@ def test_the_outcome_head_learns_the_real_outcomes_it_was_trained_on(with_head):
 
 
 def test_the_env_takes_reward_and_done_from_the_outcome_head(with_head):
-    world_model, _ = with_head
+    world_model, _, _ = with_head
     head = OutcomeHead(world_model / OUTCOME_DIR)
     for use_head in (True, False):
         env = WebWorldEnv(world_model, task="click-test-2", max_steps=4, max_new_tokens=100, outcome_head=use_head)
@@ -297,8 +299,7 @@ def test_the_env_takes_reward_and_done_from_the_outcome_head(with_head):
 
 
 def test_an_outcome_head_run_resumes_to_the_same_head(with_head, tmp_path):
-    _, data = with_head
-    world_model = with_head[0]
+    world_model, data, _ = with_head
     straight = train_web_outcome(outcome_config(tmp_path / "straight", world_model, data, steps=20, save_every=10))
     train_web_outcome(outcome_config(tmp_path / "killed", world_model, data, steps=10, save_every=10))
     resumed = train_web_outcome(outcome_config(tmp_path / "killed", world_model, data, steps=20, save_every=10,
@@ -310,10 +311,30 @@ def test_an_outcome_head_run_resumes_to_the_same_head(with_head, tmp_path):
 
 
 def test_a_corrupt_outcome_head_is_refused_with_its_name(with_head, tmp_path):
-    world_model, _ = with_head
+    world_model, _, _ = with_head
     broken = tmp_path / "broken"
     shutil.copytree(world_model, broken)
     (broken / OUTCOME_DIR / "model.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(CheckpointError, match="outcome head"):
         WebWorldModel(broken, max_new_tokens=100)
     assert WebWorldModel(broken, max_new_tokens=100, outcome_head=False).outcome is None
+
+
+def test_eval_web_scores_the_outcome_of_the_lm_and_of_the_head_on_pages_the_head_never_saw(with_head, untrained):
+    world_model, data, held_out = with_head
+    from rlvr_gym.data.web import load_web_data
+    from rlvr_gym.evaluation.web import WebEvalConfig, run_web_eval
+
+    config = WebEvalConfig(checkpoint=str(world_model), data=str(held_out), seen_tasks=TASKS, max_new_tokens=100)
+    result = run_web_eval(config)
+    head = OutcomeHead(world_model / OUTCOME_DIR)
+    records, _ = load_web_data(held_out)
+    by_hand = outcome_metrics(head.model, outcome_examples(records, head.tokenizer, head.max_tokens),
+                              head.tokenizer.pad_token_id)  # fmt: skip
+    assert result["head_outcome_accuracy"] == pytest.approx(by_hand["outcome_accuracy"])
+    assert result["enter-text_head_outcome_accuracy"] == pytest.approx(by_hand["enter-text/outcome_accuracy"])
+    assert 0 < result["lm_outcome_accuracy"] <= 1
+    never_parses = run_web_eval(dataclasses.replace(config, checkpoint=str(untrained)))
+    assert never_parses["lm_outcome_accuracy"] == 0.0 and "head_outcome_accuracy" not in never_parses
+    with pytest.raises(ValueError, match="outcome head's training data"):
+        run_web_eval(dataclasses.replace(config, data=str(data)))

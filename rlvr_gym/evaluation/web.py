@@ -1,6 +1,8 @@
 """Web world models scored against real MiniWoB++ transitions: item precision / recall / F1, reward and done accuracy,
 exact match and parse failures, overall and split into the tasks the model was trained on (`seen_`) and the tasks
-it never saw (`heldout_`), each beside the always-"no change" baseline on the same transitions (`nochange_`).
+it never saw (`heldout_`), each beside the always-"no change" baseline on the same transitions (`nochange_`); and
+the outcome (goes on / task done / ended otherwise) as the LM writes it and as the checkpoint's outcome head
+predicts it when it has one, overall and per task.
 
 Transitions are collected fresh in the real env with `--seed` S (checked against the training episodes the
 checkpoint records: no (task, seed) may be shared), or read from a recorded set (`--data DIR`). Precision, recall
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -36,9 +39,10 @@ from rlvr_gym.data.web import (
     read_training_record,
 )
 from rlvr_gym.data.web_collect import collect_records
-from rlvr_gym.domains.web import best_by_web_reward, web_metrics
+from rlvr_gym.domains.web import best_by_web_reward, parse_target, web_metrics
 from rlvr_gym.models.lm import checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
+from rlvr_gym.models.web_outcome import CLASSES, OUTCOME_DIR, OutcomeHead, outcome_label
 
 log = logging.getLogger("rlvr_gym")
 
@@ -56,6 +60,27 @@ def evaluate_model(
     preds = [p[0] for p in sample_texts(model, tokenizer, encode_prompts(tokenizer, records), batch_size, max_new_tokens)]
     metrics = web_metrics(preds, records, seen_tasks)
     return {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
+
+
+def outcome_accuracies(checkpoint: str | os.PathLike, completions: Sequence[str], records: Sequence[dict]) -> dict:
+    """Share of transitions whose outcome (`rlvr_gym.models.web_outcome.CLASSES`: the episode goes on, ends with the
+    task done, ends otherwise) the LM's completions get right (`lm_outcome_accuracy`; one that does not parse is
+    wrong) and, when the checkpoint has an outcome head, the head (`head_outcome_accuracy`); overall and per task."""
+    labels = [outcome_label(r["reward"], r["done"]) for r in records]
+    targets = [parse_target(text)[0] for text in completions]
+    lm = [t is not None and outcome_label(t["reward"], t["done"]) == y for t, y in zip(targets, labels)]
+    right = {"lm": lm}
+    head_dir = resolve_checkpoint(checkpoint) / OUTCOME_DIR
+    if head_dir.exists():
+        head = OutcomeHead(head_dir)
+        right["head"] = [head.predict(r["utterance"], r["tree_before"], [r["action"]])[0].label == CLASSES[y]
+                         for r, y in zip(records, labels)]  # fmt: skip
+    out = {}
+    for name, hits in right.items():
+        out[f"{name}_outcome_accuracy"] = float(np.mean(hits))
+        for task in sorted({r["task"] for r in records}):
+            out[f"{task}_{name}_outcome_accuracy"] = float(np.mean([h for h, r in zip(hits, records) if r["task"] == task]))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- the command
@@ -124,6 +149,9 @@ def run_web_eval(config: WebEvalConfig) -> dict:
         raise ValueError(f"no transitions to evaluate on from {source}")
     if training is not None:
         check_disjoint_episodes(training["seeds"], episodes, f"the training data of {config.checkpoint}", source)
+    head_training = read_training_record(resolve_checkpoint(config.checkpoint) / OUTCOME_DIR)
+    if head_training is not None:
+        check_disjoint_episodes(head_training["seeds"], episodes, "the outcome head's training data", source)
     # Loaded after collecting: collection workers fork, best before torch or tokenizers start their threads.
     model, tokenizer = load_model(config.checkpoint)
     tokenizer = checked_tokenizer(tokenizer, config.checkpoint)
@@ -149,6 +177,7 @@ def run_web_eval(config: WebEvalConfig) -> dict:
     seconds = time.perf_counter() - started
     result = {
         **web_metrics(preds, records, seen_tasks),
+        **outcome_accuracies(config.checkpoint, preds, records),
         "over_context_rate": 1 - len(fits) / len(records),
         "best_of": config.best_of,
         "seen_tasks": ",".join(sorted(seen_tasks)),
