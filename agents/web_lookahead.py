@@ -46,7 +46,7 @@ import torch
 from envs.web import TASKS, BrowserError, WebTaskEnv, parse, parse_action, task_done
 from envs.web.env import BROWSER_ERRORS
 from envs.web.solvers import candidate_actions
-from rlvr_gym.data.web import check_disjoint_episodes, read_training_record
+from rlvr_gym.data.web import check_not_trained_on
 from rlvr_gym.logs import configure_logging
 from rlvr_gym.models.lm import resolve_checkpoint
 from rlvr_gym.sim.web import Prediction, WebWorldModel, visible_words, words
@@ -289,10 +289,9 @@ def run_lookahead(config: LookaheadConfig, env: WebTaskEnv | None = None) -> dic
         episodes.setdefault(task, []).append(seed)
     seen_tasks = set(config.seen_tasks)
     for checkpoint in config.checkpoints:
-        record = read_training_record(resolve_checkpoint(checkpoint))
+        record = check_not_trained_on(resolve_checkpoint(checkpoint), episodes,
+                                      f"the lookahead episodes (seed {config.seed})", checkpoint)  # fmt: skip
         if record is not None:
-            check_disjoint_episodes(record["seeds"], episodes, f"the training data of {checkpoint}",
-                                    f"the lookahead episodes (seed {config.seed})")  # fmt: skip
             if not config.seen_tasks:
                 seen_tasks |= set(record["tasks"])
         elif not config.seen_tasks:

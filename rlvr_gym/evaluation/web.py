@@ -33,7 +33,7 @@ from transformers import PreTrainedTokenizerBase
 from envs.web import TASKS
 from rlvr_gym.data.web import (
     TRAINING_RECORD,
-    check_disjoint_episodes,
+    check_not_trained_on,
     encode_prompts,
     load_web_data,
     read_training_record,
@@ -147,11 +147,7 @@ def run_web_eval(config: WebEvalConfig) -> dict:
         source = f"fresh episodes, seed {config.seed}"
     if not records:
         raise ValueError(f"no transitions to evaluate on from {source}")
-    if training is not None:
-        check_disjoint_episodes(training["seeds"], episodes, f"the training data of {config.checkpoint}", source)
-    head_training = read_training_record(resolve_checkpoint(config.checkpoint) / OUTCOME_DIR)
-    if head_training is not None:
-        check_disjoint_episodes(head_training["seeds"], episodes, "the outcome head's training data", source)
+    check_not_trained_on(resolve_checkpoint(config.checkpoint), episodes, source, config.checkpoint)
     # Loaded after collecting: collection workers fork, best before torch or tokenizers start their threads.
     model, tokenizer = load_model(config.checkpoint)
     tokenizer = checked_tokenizer(tokenizer, config.checkpoint)

@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from rlvr_gym.models.web_outcome import (
     pad_batch,
 )
 from rlvr_gym.train import run as RUN
+from rlvr_gym.train.batch import chunks
 
 log = logging.getLogger("rlvr_gym")
 
@@ -60,6 +62,8 @@ class OutcomeConfig(RUN.RunConfig):
     warmup_steps: int = 50
     batch_size: int = 32
     """Examples per step on each process."""
+    micro_batch: int = 8
+    """Examples per forward pass (a step's examples sorted by length, so short pages are not padded to long ones)."""
     reward_weight: float = 0.5
     """Weight of the squared error of the regressed reward (episodes that end without the task done)."""
     size: OutcomeSize = field(default_factory=OutcomeSize)
@@ -135,9 +139,9 @@ def add_outcome_head(world_model: str | os.PathLike, head: str | os.PathLike, ou
 
 def train_web_outcome(config: OutcomeConfig) -> Path:
     """Train an outcome head on real transitions; returns RUN_DIR/world_model (the world model with the head)."""
-    if config.batch_size < 1 or config.reward_weight < 0:
-        raise ValueError(f"--batch-size must be >= 1 and --reward-weight >= 0, got {config.batch_size}, "
-                         f"{config.reward_weight}")  # fmt: skip
+    if config.batch_size < 1 or config.micro_batch < 1 or config.reward_weight < 0:
+        raise ValueError(f"--batch-size and --micro-batch must be >= 1 and --reward-weight >= 0, got "
+                         f"{config.batch_size}, {config.micro_batch}, {config.reward_weight}")  # fmt: skip
     d = RUN.setup_processes(config.threads)
     run_dir = Path(config.run_dir)
     train, manifests, held_out, _ = load_train_and_eval(config.data, config.eval_data)
@@ -168,16 +172,25 @@ def train_web_outcome(config: OutcomeConfig) -> Path:
         started = time.perf_counter()
         generator = RUN.step_generator(config.seed, run.step, d.rank)
         idx = torch.multinomial(weights, config.batch_size, replacement=True, generator=generator).tolist()
-        input_ids, mask = pad_batch([examples.ids[i] for i in idx], tokenizer.pad_token_id, d.device)
-        labels = torch.as_tensor(examples.labels[idx], device=d.device)
-        rewards = torch.as_tensor(examples.rewards[idx], device=d.device)
+        # Sorted by length and padded per micro-batch, as SFT does: pages run from 20 to 768 tokens.
+        idx.sort(key=lambda i: len(examples.ids[i]))
+        micro = chunks(len(idx), config.micro_batch)
         run.model.train()
-        logits = last_token_logits(run.ddp_model, input_ids, mask)
-        loss = outcome_loss(logits, labels, rewards, config.reward_weight)
-        loss.backward()
+        total, right = 0.0, 0.0
+        for j, rows in enumerate(micro):
+            part = idx[rows]
+            sync = run.ddp_model.no_sync() if d.world_size > 1 and j < len(micro) - 1 else nullcontext()
+            input_ids, mask = pad_batch([examples.ids[i] for i in part], tokenizer.pad_token_id, d.device)
+            labels = torch.as_tensor(examples.labels[part], device=d.device)
+            rewards = torch.as_tensor(examples.rewards[part], device=d.device)
+            with sync:
+                logits = last_token_logits(run.ddp_model, input_ids, mask)
+                loss = outcome_loss(logits, labels, rewards, config.reward_weight) * len(part) / len(idx)
+                loss.backward()
+            total += loss.item()
+            right += (logits[:, : len(CLASSES)].argmax(-1) == labels).float().sum().item()
         grad_norm = run.optimizer_step()
-        accuracy = (logits[:, : len(CLASSES)].argmax(-1) == labels).float().mean().item()
-        metrics = {"train/loss": loss.item(), "train/accuracy": accuracy, "train/grad_norm": grad_norm,
+        metrics = {"train/loss": total, "train/accuracy": right / len(idx), "train/grad_norm": grad_norm,
                    "time/examples_per_s": len(idx) / (time.perf_counter() - started)}  # fmt: skip
         run.end_step(metrics, evaluate if held is not None else None, postfix=["train/loss", "train/accuracy"])
     final = run.finish()
