@@ -7,10 +7,12 @@ from dataclasses import replace
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from gymnasium.utils.env_checker import check_env
 from packaging.version import Version
 
 import rlvr_gym  # noqa: F401  (registers the env ids)
+from envs.web import WebTaskEnv, browser_available, parse, task_done
 from rlvr_gym.data.real_env_versions import (
     REAL_ENV_FILE,
     REAL_ENV_PACKAGES,
@@ -20,6 +22,8 @@ from rlvr_gym.data.real_env_versions import (
 )
 from rlvr_gym.models.lm import SHIPPED_DIR
 from rlvr_gym.models.robot_world_model import RobotWorldModel
+from rlvr_gym.models.web_outcome import OUTCOME_DIR, OutcomeHead
+from rlvr_gym.sim.web import load_start_pages
 
 
 # rt1-dynamics carries rt1-rlvr's 9.9 MiB video model and 1.4 MiB of state dynamics; rt1-cotrained is its refit.
@@ -144,3 +148,28 @@ def test_loading_a_checkpoint_of_another_major_release_warns_once(tmp_path):
         check_real_env_versions(tmp_path, "rt1")  # once per checkpoint
     (tmp_path / REAL_ENV_FILE).write_text("{corrupt")
     check_real_env_versions(tmp_path, "rt1")  # a checkpoint without a readable record loads as before
+
+
+@pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
+def test_the_default_web_env_reads_which_button_click_button_asks_for():
+    """Every button of web-refit's click-button start pages clicked in real Chromium against the outcome its env
+    takes from the shipped outcome head: the exploit probe's click-last-button among them."""
+    head = OutcomeHead(SHIPPED_DIR / "web-refit" / OUTCOME_DIR)
+    assert head.model.dtype == torch.float32  # shipped in fp16, loaded in fp32
+    pages = [p for p in load_start_pages("web-refit") if p.task == "click-button"]
+    env = WebTaskEnv("click-button", max_steps=1)
+    right, last_right = [], []
+    try:
+        for page in pages:
+            buttons = [f"click [{n.id}]" for n in parse(page.tree) if n.role == "button"]
+            predicted = head.predict(page.utterance, page.tree, buttons)
+            for action, outcome in zip(buttons, predicted):
+                utterance, tree, _ = env.reset(seed=page.seed)
+                assert (utterance, tree) == (page.utterance, page.tree)
+                _, reward, terminated, _ = env.step(action)[:4]
+                right.append((outcome.done, outcome.reward >= 1) == (terminated, task_done(reward)))
+            last_right.append(right[-1])
+    finally:
+        env.close()
+    assert all(last_right), last_right
+    assert np.mean(right) >= 0.9, f"{sum(right)} of {len(right)} clicks"

@@ -260,9 +260,13 @@ def test_the_outcome_input_keeps_the_task_action_and_element_whole_and_cuts_the_
     tree = page.tree + "".join(f"\n\t[{100 + i}] StaticText 'filler line {i}'" for i in range(200))
     action = candidate_actions(page.utterance, page.tree)[0]
     assert element_line(tree, action) and element_line(tree, "click [999]") == "" == element_line(tree, "jump")
-    (ids,) = encode_outcome_inputs(tokenizer, [page.utterance], [tree], [action], max_tokens=96)
-    tail = tokenizer(outcome_tail(page.utterance, tree, action), add_special_tokens=False)["input_ids"]
-    assert len(ids) == 96 and ids[-len(tail) :] == tail and ids[0] == tokenizer.bos_token_id
+    ((ids, match),) = encode_outcome_inputs(tokenizer, [page.utterance], [tree], [action], max_tokens=96)
+    task, act = (tokenizer(text, add_special_tokens=False)["input_ids"] for text in outcome_tail(page.utterance, tree, action))
+    assert len(ids) == len(match) == 96 and ids[-len(task + act) :] == task + act and ids[0] == tokenizer.bos_token_id
+    # a token of the page or the action lines is flagged exactly when the task line holds it; the task line is not
+    flags = [int(t in set(task)) for t in ids[1 : -len(task + act)] + act]
+    assert match[1 : -len(task + act)] + match[-len(act) :] == flags and not any(match[-len(task + act) : -len(act)])
+    assert 0 < sum(flags) < len(flags)
 
 
 def test_outcome_labels_separate_the_task_done_from_other_ends():

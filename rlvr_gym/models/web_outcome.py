@@ -8,14 +8,15 @@ classifier over (page, task, action), trained with cross-entropy on real outcome
 ends on the task, the action and the line of the element the action names, so the comparison the outcome turns on
 sits beside the position the class is read from.
 
-A web checkpoint that has it holds it in CHECKPOINT/outcome/ (a Hugging Face `LlamaForSequenceClassification` and
-the LM's tokenizer); `rlvr_gym.sim.web.WebWorldModel` then takes the reward and done from it, and the page from the
+A web checkpoint that has it holds it in CHECKPOINT/outcome/ (a Hugging Face model, `OutcomeModel`, and the LM's
+tokenizer); `rlvr_gym.sim.web.WebWorldModel` then takes the reward and done from it, and the page from the
 LM.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerBase
+from torch import nn
+from transformers import LlamaConfig, LlamaModel, PreTrainedModel, PreTrainedTokenizerBase
 
 from envs.web import InvalidAction, parse_action
 from rlvr_gym.files import CheckpointError
@@ -49,14 +51,42 @@ class OutcomeSize:
     """Tokens read per example: the tail (task, action, element) whole, the page cut to what is left."""
 
 
-def build_outcome_model(tokenizer: PreTrainedTokenizerBase, size: OutcomeSize) -> LlamaForSequenceClassification:
-    config = LlamaConfig(
+class OutcomeModelConfig(LlamaConfig):
+    model_type = "rlvr_web_outcome"
+
+
+class OutcomeModel(PreTrainedModel):
+    """A small Llama read at the last token, with a learned embedding added to every token of the page and of the
+    action lines whose id also occurs in the task line: DrQA's exact-match feature (Chen et al., 2017), which lets
+    the classifier compare the element's label with the label the task names without learning string equality
+    over every pair of tokens (on click-button, 0.85-0.89 of held-out button clicks right without it)."""
+
+    config_class = OutcomeModelConfig
+    base_model_prefix = "model"
+
+    def __init__(self, config: OutcomeModelConfig):
+        super().__init__(config)
+        self.model = LlamaModel(config)
+        self.match = nn.Embedding(2, config.hidden_size)
+        self.score = nn.Linear(config.hidden_size, len(CLASSES) + 1, bias=False)
+        self.post_init()
+
+    def forward(self, input_ids: torch.Tensor, match: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, len(CLASSES) + 1) logits at each row's last token before the right padding."""
+        embeds = self.model.embed_tokens(input_ids) + self.match(match)
+        hidden = self.model(inputs_embeds=embeds, attention_mask=attention_mask).last_hidden_state
+        last = attention_mask.sum(1) - 1
+        return self.score(hidden[torch.arange(len(last), device=hidden.device), last])
+
+
+def build_outcome_model(tokenizer: PreTrainedTokenizerBase, size: OutcomeSize) -> OutcomeModel:
+    config = OutcomeModelConfig(
         vocab_size=len(tokenizer), hidden_size=size.hidden_size, intermediate_size=size.intermediate_size,
         num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.heads,
-        max_position_embeddings=size.max_tokens, num_labels=len(CLASSES) + 1, pad_token_id=tokenizer.pad_token_id,
+        max_position_embeddings=size.max_tokens, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )  # fmt: skip
-    return LlamaForSequenceClassification(config)
+    return OutcomeModel(config)
 
 
 def element_line(tree: str, action: str) -> str:
@@ -71,21 +101,28 @@ def element_line(tree: str, action: str) -> str:
     return ""
 
 
-def outcome_tail(utterance: str, tree: str, action: str) -> str:
-    return f"\nTask: {utterance}\nAction: {action}\nElement: {element_line(tree, action)}"
+def outcome_tail(utterance: str, tree: str, action: str) -> tuple[str, str]:
+    """The two lines read after the page: the task, then the action and the line of the element it names."""
+    return f"\nTask: {utterance}", f"\nAction: {action}\nElement: {element_line(tree, action)}"
 
 
 def encode_outcome_inputs(tokenizer: PreTrainedTokenizerBase, utterances: Sequence[str], trees: Sequence[str],
-                          actions: Sequence[str], max_tokens: int) -> list[list[int]]:  # fmt: skip
-    """Token ids of each example: bos, the tree cut to fit, then its tail (task, action, element line) whole."""
+                          actions: Sequence[str], max_tokens: int) -> list[tuple[list[int], list[int]]]:  # fmt: skip
+    """Each example's token ids (bos, the tree cut to fit, then the task and action lines whole) and its match
+    flags (1 where a token of the page or of the action lines also occurs in the task line)."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    heads = tokenizer(list(trees), add_special_tokens=False)["input_ids"]
-    tails = tokenizer([outcome_tail(u, t, a) for u, t, a in zip(utterances, trees, actions)],
-                      add_special_tokens=False)["input_ids"]  # fmt: skip
+    tails = [outcome_tail(u, t, a) for u, t, a in zip(utterances, trees, actions)]
+    pages = tokenizer(list(trees), add_special_tokens=False)["input_ids"]
+    tasks = tokenizer([task for task, _ in tails], add_special_tokens=False)["input_ids"]
+    acts = tokenizer([act for _, act in tails], add_special_tokens=False)["input_ids"]
     out = []
-    for head, tail in zip(heads, tails):
-        tail = tail[-(max_tokens - len(bos)) :]
-        out.append(bos + head[: max(0, max_tokens - len(bos) - len(tail))] + tail)
+    for page, task, act in zip(pages, tasks, acts):
+        in_task = set(task)
+        room = max(0, max_tokens - len(bos) - len(task) - len(act))
+        ids = (bos + page[:room] + task + act)[-max_tokens:]
+        match = ([0] * len(bos) + [int(t in in_task) for t in page[:room]] + [0] * len(task)
+                 + [int(t in in_task) for t in act])[-max_tokens:]  # fmt: skip
+        out.append((ids, match))
     return out
 
 
@@ -96,21 +133,18 @@ def outcome_label(reward: float, done: bool) -> int:
     return CLASSES.index("success" if reward >= SUCCESS_REWARD else "failure")
 
 
-def pad_batch(ids: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded input ids and attention mask; the classifier reads each row's last real token."""
-    width = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for i, x in enumerate(ids):
-        input_ids[i, : len(x)] = torch.tensor(x)
-        mask[i, : len(x)] = 1
-    return input_ids.to(device), mask.to(device)
-
-
-def last_token_logits(model: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B, len(CLASSES) + 1) logits read at each row's last token before the padding (`pad_batch`'s inputs hold no
-    pad token before it). `model` may be wrapped in DDP."""
-    return model(input_ids=input_ids, attention_mask=mask).logits
+def pad_batch(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
+              device: torch.device | str) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Right-padded ids, match flags and attention mask of `encode_outcome_inputs`' examples (the model's inputs)."""
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    match = torch.zeros((len(examples), width), dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, (ids, flags) in enumerate(examples):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        match[i, : len(ids)] = torch.tensor(flags)
+        mask[i, : len(ids)] = 1
+    return {"input_ids": input_ids.to(device), "match": match.to(device), "attention_mask": mask.to(device)}
 
 
 @dataclass
@@ -145,11 +179,9 @@ class OutcomeHead:
         from rlvr_gym.models.lm import checked_tokenizer, load_tokenizer
 
         try:
-            self.model = LlamaForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+            self.model = OutcomeModel.from_pretrained(path, dtype=torch.float32).eval()
         except Exception as error:
             raise CheckpointError(f"outcome head in {path} could not be loaded ({type(error).__name__}: {error})") from error
-        if self.model.config.num_labels != len(CLASSES) + 1:
-            raise CheckpointError(f"{path}: {self.model.config.num_labels} outputs, an outcome head has {len(CLASSES) + 1}")
         self.tokenizer = checked_tokenizer(load_tokenizer(path), path)
         self.max_tokens = self.model.config.max_position_embeddings
         self.batch_size = batch_size
@@ -160,6 +192,25 @@ class OutcomeHead:
                                     self.max_tokens)  # fmt: skip
         out: list[Outcome] = []
         for start in range(0, len(ids), self.batch_size):
-            input_ids, mask = pad_batch(ids[start : start + self.batch_size], self.tokenizer.pad_token_id, "cpu")
-            out += outcomes_of(last_token_logits(self.model, input_ids, mask))
+            out += outcomes_of(self.model(**pad_batch(ids[start : start + self.batch_size], self.tokenizer.pad_token_id,
+                                                      "cpu")))  # fmt: skip
         return out
+
+
+def save_outcome_head(head: str | os.PathLike, checkpoint_dir: str | os.PathLike,
+                      dtype: torch.dtype = torch.float32) -> Path:  # fmt: skip
+    """Write a trained head (its weights in `dtype`, tokenizer and web_training.json) as CHECKPOINT_DIR/outcome/,
+    replacing any head there; a head that does not load is refused before anything is written."""
+    from rlvr_gym.data.web import TRAINING_RECORD
+
+    loaded = OutcomeHead(head)
+    dst = Path(checkpoint_dir) / OUTCOME_DIR
+    tmp = dst.with_name(f".{OUTCOME_DIR}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    loaded.model.to(dtype).save_pretrained(tmp)
+    loaded.tokenizer.save_pretrained(tmp)
+    if (Path(head) / TRAINING_RECORD).is_file():
+        shutil.copy(Path(head) / TRAINING_RECORD, tmp / TRAINING_RECORD)
+    shutil.rmtree(dst, ignore_errors=True)
+    os.replace(tmp, dst)
+    return dst

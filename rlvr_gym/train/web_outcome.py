@@ -36,10 +36,10 @@ from rlvr_gym.models.web_outcome import (
     OutcomeSize,
     build_outcome_model,
     encode_outcome_inputs,
-    last_token_logits,
     outcome_label,
     outcomes_of,
     pad_batch,
+    save_outcome_head,
 )
 from rlvr_gym.train import run as RUN
 from rlvr_gym.train.batch import chunks
@@ -59,6 +59,7 @@ class OutcomeConfig(RUN.RunConfig):
     """Held-out set for eval/ metrics (outcome accuracy overall and per task); empty: none."""
     steps: int = 1500
     lr: float = 1e-3
+    weight_decay: float = 0.1
     warmup_steps: int = 50
     batch_size: int = 32
     """Examples per step on each process."""
@@ -74,18 +75,19 @@ class OutcomeConfig(RUN.RunConfig):
 
 @dataclass
 class Examples:
-    ids: list[list[int]]
+    inputs: list[tuple[list[int], list[int]]]
+    """`encode_outcome_inputs`' (token ids, match flags) per transition."""
     labels: np.ndarray
     rewards: np.ndarray
     tasks: list[str]
 
 
 def outcome_examples(records: Sequence[dict], tokenizer, max_tokens: int) -> Examples:
-    ids = encode_outcome_inputs(tokenizer, [r["utterance"] for r in records], [r["tree_before"] for r in records],
-                                [r["action"] for r in records], max_tokens)  # fmt: skip
+    inputs = encode_outcome_inputs(tokenizer, [r["utterance"] for r in records], [r["tree_before"] for r in records],
+                                   [r["action"] for r in records], max_tokens)  # fmt: skip
     labels = np.array([outcome_label(r["reward"], r["done"]) for r in records])
     rewards = np.array([float(r["reward"]) for r in records], dtype=np.float32)
-    return Examples(ids, labels, rewards, [r["task"] for r in records])
+    return Examples(inputs, labels, rewards, [r["task"] for r in records])
 
 
 def task_balanced_weights(tasks: Sequence[str]) -> torch.Tensor:
@@ -108,9 +110,10 @@ def outcome_metrics(model, examples: Examples, pad_id: int, batch_size: int = 64
     """Share of held-out transitions whose outcome (continue / task done / ended otherwise) the head gets right,
     overall, per task, and for the done flag and success alone."""
     predicted = []
-    for start in range(0, len(examples.ids), batch_size):
-        input_ids, mask = pad_batch(examples.ids[start : start + batch_size], pad_id, next(model.parameters()).device)
-        predicted += [CLASSES.index(o.label) for o in outcomes_of(last_token_logits(model, input_ids, mask))]
+    device = next(model.parameters()).device
+    for start in range(0, len(examples.inputs), batch_size):
+        logits = model(**pad_batch(examples.inputs[start : start + batch_size], pad_id, device))
+        predicted += [CLASSES.index(o.label) for o in outcomes_of(logits)]
     predicted = np.array(predicted)
     gold = examples.labels
     done = lambda labels: labels != CLASSES.index("continue")
@@ -131,7 +134,7 @@ def add_outcome_head(world_model: str | os.PathLike, head: str | os.PathLike, ou
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(OUTCOME_DIR, "CARD.md"))
-    shutil.copytree(head, tmp / OUTCOME_DIR)
+    save_outcome_head(head, tmp)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
@@ -162,7 +165,7 @@ def train_web_outcome(config: OutcomeConfig) -> Path:
     held = outcome_examples(held_out, tokenizer, max_tokens) if held_out else None
     weights = task_balanced_weights(examples.tasks)
     counts = np.bincount(examples.labels, minlength=len(CLASSES))
-    log.info("%d training transitions (%s), %d tasks", len(examples.ids),
+    log.info("%d training transitions (%s), %d tasks", len(examples.inputs),
              ", ".join(f"{n} {c}" for c, n in zip(CLASSES, counts)), len(set(examples.tasks)))  # fmt: skip
 
     def evaluate() -> dict[str, float]:
@@ -173,18 +176,18 @@ def train_web_outcome(config: OutcomeConfig) -> Path:
         generator = RUN.step_generator(config.seed, run.step, d.rank)
         idx = torch.multinomial(weights, config.batch_size, replacement=True, generator=generator).tolist()
         # Sorted by length and padded per micro-batch, as SFT does: pages run from 20 to 768 tokens.
-        idx.sort(key=lambda i: len(examples.ids[i]))
+        idx.sort(key=lambda i: len(examples.inputs[i][0]))
         micro = chunks(len(idx), config.micro_batch)
         run.model.train()
         total, right = 0.0, 0.0
         for j, rows in enumerate(micro):
             part = idx[rows]
             sync = run.ddp_model.no_sync() if d.world_size > 1 and j < len(micro) - 1 else nullcontext()
-            input_ids, mask = pad_batch([examples.ids[i] for i in part], tokenizer.pad_token_id, d.device)
+            batch = pad_batch([examples.inputs[i] for i in part], tokenizer.pad_token_id, d.device)
             labels = torch.as_tensor(examples.labels[part], device=d.device)
             rewards = torch.as_tensor(examples.rewards[part], device=d.device)
             with sync:
-                logits = last_token_logits(run.ddp_model, input_ids, mask)
+                logits = run.ddp_model(**batch)
                 loss = outcome_loss(logits, labels, rewards, config.reward_weight) * len(part) / len(idx)
                 loss.backward()
             total += loss.item()

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# web-refit's outcome head: the classifier its learned env takes reward and done from, trained on real MiniWoB++
+# outcomes (the probe's moves on all 13 tasks, scripted play, and the two tasks whose outcome turns on reading the
+# page: click-button and click-checkboxes). On the 2-core CPU: collection about 15 minutes, training about 25. A
+# killed run continues with the same command.
+#
+#   bash docs/ship_web_outcome.sh
+set -eu
+PY=${PY:-.venv/bin/python}
+export HF_HUB_OFFLINE=1
+C="$PY -m rlvr_gym collect web"
+ALL="click-test-2 click-button click-link focus-text enter-text login-user click-checkboxes click-tab-2 \
+  click-collapsible-2 search-engine email-inbox choose-date book-flight"
+MOVES="click-last-button submit-with-nothing-filled first-candidate uniform-random"
+collect() { local out=$1; shift; [ -f "$out/manifest.json" ] || $C --out "$out" --overwrite "$@"; }
+collect runs/web/trivial4 --tasks $ALL --skills --policies $MOVES --episodes 40 --seed 4 --max-steps 5
+collect runs/web/train0 --tasks $ALL --episodes 40 --seed 0
+collect runs/web/target8-button --tasks click-button --skills 1.0 0.5 --policies click-last-button uniform-random \
+  --episodes 600 --seed 8 --max-steps 5
+collect runs/web/target10-button --tasks click-button --skills 1.0 0.5 --policies click-last-button uniform-random \
+  --episodes 400 --seed 10 --max-steps 5
+collect runs/web/target13-button --tasks click-button --skills 0.5 --policies click-last-button uniform-random \
+  --episodes 2400 --seed 13 --max-steps 5
+collect runs/web/target8-checkbox --tasks click-checkboxes --skills 1.0 0.5 --policies submit-with-nothing-filled \
+  uniform-random --episodes 400 --seed 8 --max-steps 5
+collect runs/web/target10-checkbox --tasks click-checkboxes --skills 1.0 0.5 --policies submit-with-nothing-filled \
+  uniform-random --episodes 300 --seed 10 --max-steps 5
+collect runs/web/val12 --tasks click-button click-checkboxes --skills --policies click-last-button \
+  submit-with-nothing-filled uniform-random --episodes 40 --seed 12 --max-steps 5
+$PY -m torch.distributed.run --standalone --nproc-per-node 2 -m rlvr_gym train web-outcome --resume \
+  --run-dir runs/web/outcome --world-model web-refit --data runs/web/target8-button runs/web/target10-button \
+  runs/web/target13-button runs/web/target8-checkbox runs/web/target10-checkbox runs/web/trivial4 runs/web/train0 \
+  --eval-data runs/web/val12 --steps 1200 --eval-every 200
+$PY - <<'PYTHON'
+import torch
+from rlvr_gym.models.lm import SHIPPED_DIR
+from rlvr_gym.models.web_outcome import save_outcome_head
+save_outcome_head("runs/web/outcome/final", SHIPPED_DIR / "web-refit", torch.float16)
+PYTHON
