@@ -16,10 +16,11 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from envs.web import WebTaskEnv, browser_available, record_transitions
 from envs.web.solvers import candidate_actions, quoted_strings
-from rlvr_gym.data.web import encode_examples, train_web_tokenizer, transition_texts
+from rlvr_gym.data.web import encode_examples, load_web_data, train_web_tokenizer, transition_texts
 from rlvr_gym.data.web_collect import WebCollectConfig, collect_web
 from rlvr_gym.domains.web import apply_diff, parse_target
-from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama
+from rlvr_gym.evaluation.web import WebEvalConfig, run_web_eval
+from rlvr_gym.models.lm import CheckpointError, LlamaSize, build_llama, load_tokenizer
 from rlvr_gym.models.web_outcome import (
     CLASSES,
     OUTCOME_DIR,
@@ -77,8 +78,6 @@ def untrained(recorded):
 @pytest.fixture(scope="module")
 def trained(recorded, tmp_path_factory):
     untrained, records = recorded
-    from rlvr_gym.models.lm import load_tokenizer
-
     examples, _ = encode_examples(records, load_tokenizer(untrained), 300, 200)
     run = tmp_path_factory.mktemp("sft")
     final = train_sft(SFTConfig(run_dir=str(run), model=str(untrained), steps=120, lr=1e-2, warmup_steps=5,
@@ -253,15 +252,14 @@ def with_head(trained, tmp_path_factory):
 
 
 def test_the_outcome_input_keeps_the_task_action_and_element_whole_and_cuts_the_page(untrained):
-    from rlvr_gym.models.lm import load_tokenizer
-
     tokenizer = load_tokenizer(untrained)
     page = load_start_pages(untrained)[0]
     tree = page.tree + "".join(f"\n\t[{100 + i}] StaticText 'filler line {i}'" for i in range(200))
     action = candidate_actions(page.utterance, page.tree)[0]
     assert element_line(tree, action) and element_line(tree, "click [999]") == "" == element_line(tree, "jump")
     ((ids, match),) = encode_outcome_inputs(tokenizer, [page.utterance], [tree], [action], max_tokens=96)
-    task, act = (tokenizer(text, add_special_tokens=False)["input_ids"] for text in outcome_tail(page.utterance, tree, action))
+    lines = outcome_tail(page.utterance, tree, action)
+    task, act = (tokenizer(line, add_special_tokens=False)["input_ids"] for line in lines)
     assert len(ids) == len(match) == 96 and ids[-len(task + act) :] == task + act and ids[0] == tokenizer.bos_token_id
     # a token of the page or the action lines is flagged exactly when the task line holds it; the task line is not
     flags = [int(t in set(task)) for t in ids[1 : -len(task + act)] + act]
@@ -270,14 +268,12 @@ def test_the_outcome_input_keeps_the_task_action_and_element_whole_and_cuts_the_
 
 
 def test_outcome_labels_separate_the_task_done_from_other_ends():
-    assert [outcome_label(0.0, False), outcome_label(1.0, True), outcome_label(-1.0, True), outcome_label(0.6, True)] == [
-        CLASSES.index("continue"), CLASSES.index("success"), CLASSES.index("failure"), CLASSES.index("failure")]
+    ends = [(0.0, False), (1.0, True), (-1.0, True), (0.6, True)]  # 0.6: click-checkboxes' partial credit
+    assert [CLASSES[outcome_label(*end)] for end in ends] == ["continue", "success", "failure", "failure"]
 
 
 def test_the_outcome_head_learns_the_real_outcomes_it_was_trained_on(with_head):
     world_model, data, _ = with_head
-    from rlvr_gym.data.web import load_web_data
-
     head = OutcomeHead(world_model / OUTCOME_DIR)
     records, _ = load_web_data(data)
     examples = outcome_examples(records, head.tokenizer, head.max_tokens)
@@ -326,9 +322,6 @@ def test_a_corrupt_outcome_head_is_refused_with_its_name(with_head, tmp_path):
 
 def test_eval_web_scores_the_outcome_of_the_lm_and_of_the_head_on_pages_the_head_never_saw(with_head, untrained):
     world_model, data, held_out = with_head
-    from rlvr_gym.data.web import load_web_data
-    from rlvr_gym.evaluation.web import WebEvalConfig, run_web_eval
-
     config = WebEvalConfig(checkpoint=str(world_model), data=str(held_out), seen_tasks=TASKS, max_new_tokens=100)
     result = run_web_eval(config)
     head = OutcomeHead(world_model / OUTCOME_DIR)

@@ -79,7 +79,8 @@ def outcome_accuracies(checkpoint: str | os.PathLike, completions: Sequence[str]
     for name, hits in right.items():
         out[f"{name}_outcome_accuracy"] = float(np.mean(hits))
         for task in sorted({r["task"] for r in records}):
-            out[f"{task}_{name}_outcome_accuracy"] = float(np.mean([h for h, r in zip(hits, records) if r["task"] == task]))
+            mine = [h for h, r in zip(hits, records) if r["task"] == task]
+            out[f"{task}_{name}_outcome_accuracy"] = float(np.mean(mine))
     return out
 
 

@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaModel, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, LlamaConfig, LlamaModel, PreTrainedModel, PreTrainedTokenizerBase
 
 from envs.web import InvalidAction, parse_action
 from rlvr_gym.files import CheckpointError
@@ -53,6 +53,10 @@ class OutcomeSize:
 
 class OutcomeModelConfig(LlamaConfig):
     model_type = "rlvr_web_outcome"
+
+
+# Known to AutoConfig, so that AutoTokenizer, which reads the head's config.json, does not warn about its type.
+AutoConfig.register(OutcomeModelConfig.model_type, OutcomeModelConfig, exist_ok=True)
 
 
 class OutcomeModel(PreTrainedModel):
@@ -181,7 +185,9 @@ class OutcomeHead:
         try:
             self.model = OutcomeModel.from_pretrained(path, dtype=torch.float32).eval()
         except Exception as error:
-            raise CheckpointError(f"outcome head in {path} could not be loaded ({type(error).__name__}: {error})") from error
+            raise CheckpointError(
+                f"outcome head in {path} could not be loaded ({type(error).__name__}: {error})"
+            ) from error
         self.tokenizer = checked_tokenizer(load_tokenizer(path), path)
         self.max_tokens = self.model.config.max_position_embeddings
         self.batch_size = batch_size

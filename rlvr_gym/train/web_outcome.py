@@ -97,7 +97,9 @@ def task_balanced_weights(tasks: Sequence[str]) -> torch.Tensor:
     return torch.tensor([1.0 / counts[task] for task in tasks], dtype=torch.double)
 
 
-def outcome_loss(logits: torch.Tensor, labels: torch.Tensor, rewards: torch.Tensor, reward_weight: float) -> torch.Tensor:
+def outcome_loss(logits: torch.Tensor, labels: torch.Tensor, rewards: torch.Tensor, reward_weight: float
+                 ) -> torch.Tensor:  # fmt: skip
+    """Cross-entropy over the classes, plus the regressed reward's squared error on ends without the task done."""
     loss = F.cross_entropy(logits[:, : len(CLASSES)], labels)
     ended = labels == CLASSES.index("failure")
     if ended.any():
