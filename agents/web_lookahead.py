@@ -46,9 +46,9 @@ import torch
 from envs.web import TASKS, BrowserError, WebTaskEnv, parse, parse_action, task_done
 from envs.web.env import BROWSER_ERRORS
 from envs.web.solvers import candidate_actions
-from rlvr_gym.data.web import check_not_trained_on
 from rlvr_gym.logs import configure_logging
 from rlvr_gym.models.lm import resolve_checkpoint
+from rlvr_gym.models.web_outcome import check_not_trained_on
 from rlvr_gym.sim.web import Prediction, WebWorldModel, visible_words, words
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# web-refit's outcome head: the classifier its learned env takes reward and done from, trained on real MiniWoB++
-# outcomes (the probe's moves on all 13 tasks, scripted play, and the two tasks whose outcome turns on reading the
-# page: click-button and click-checkboxes). On the 2-core CPU: collection about 15 minutes, training about 25. A
-# killed run continues with the same command.
+# web-outcome: web-refit with an outcome head, the classifier its learned env then takes reward and done from,
+# trained on real MiniWoB++ outcomes (the probe's moves on all 13 tasks, scripted play, and the two tasks whose
+# outcome turns on reading the page: click-button and click-checkboxes). On the 2-core CPU: collection about 15
+# minutes, training about 30. A killed run continues with the same command.
 #
 #   bash docs/ship_web_outcome.sh
 set -eu
@@ -34,6 +34,9 @@ $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m rlvr_gym train w
 $PY - <<'PYTHON'
 import torch
 from rlvr_gym.models.lm import SHIPPED_DIR
-from rlvr_gym.models.web_outcome import save_outcome_head
-save_outcome_head("runs/web/outcome/final", SHIPPED_DIR / "web-refit", torch.float16)
+from rlvr_gym.train.web_outcome import add_outcome_head
+card = SHIPPED_DIR / "web-outcome" / "CARD.md"
+text = card.read_text() if card.is_file() else ""
+add_outcome_head("web-refit", "runs/web/outcome/final", SHIPPED_DIR / "web-outcome", torch.float16)
+card.write_text(text)
 PYTHON

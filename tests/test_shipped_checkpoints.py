@@ -23,7 +23,7 @@ from rlvr_gym.data.real_env_versions import (
 from rlvr_gym.models.lm import SHIPPED_DIR
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.web_outcome import OUTCOME_DIR, OutcomeHead
-from rlvr_gym.sim.web import load_start_pages
+from rlvr_gym.sim.web import WebWorldModel, load_start_pages
 
 
 # rt1-dynamics carries rt1-rlvr's 9.9 MiB video model and 1.4 MiB of state dynamics; rt1-cotrained is its refit.
@@ -98,7 +98,8 @@ def test_gym_make_works_right_after_install_with_the_rlvr_model():
     assert 0.0 <= env.step(np.zeros(7, np.float32))[4]["success_prob"] <= 1.0
 
 
-@pytest.mark.parametrize("name", ["textgame-sft", "textgame-rlvr", "web-sft", "web-rlvr", "web-refit"])
+@pytest.mark.parametrize("name", ["textgame-sft", "textgame-rlvr", "web-sft", "web-rlvr", "web-refit",
+                                  "web-outcome"])
 def test_shipped_language_world_models_are_small_fp16_with_start_states_and_a_card(name):
     path = SHIPPED_DIR / name
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -124,7 +125,7 @@ def test_language_envs_work_right_after_install_with_the_rlvr_models(env_id):
 
 
 @pytest.mark.parametrize("name", ["rt1-mle", "rt1-rlvr", "rt1-dynamics", "rt1-cotrained", "textgame-sft",
-                                  "textgame-rlvr", "web-sft", "web-rlvr", "web-refit"])
+                                  "textgame-rlvr", "web-sft", "web-rlvr", "web-refit", "web-outcome"])
 def test_every_shipped_checkpoint_records_its_real_env_and_loads_without_a_version_warning(name):
     domain = name.split("-")[0]
     record = read_real_env_versions(SHIPPED_DIR / name)
@@ -151,12 +152,13 @@ def test_loading_a_checkpoint_of_another_major_release_warns_once(tmp_path):
 
 
 @pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
-def test_the_default_web_env_reads_which_button_click_button_asks_for():
-    """Every button of web-refit's click-button start pages clicked in real Chromium against the outcome its env
+def test_web_outcome_reads_which_button_click_button_asks_for():
+    """Every button of web-outcome's click-button start pages clicked in real Chromium against the outcome its env
     takes from the shipped outcome head: the exploit probe's click-last-button among them."""
-    head = OutcomeHead(SHIPPED_DIR / "web-refit" / OUTCOME_DIR)
+    head = OutcomeHead(SHIPPED_DIR / "web-outcome" / OUTCOME_DIR)
     assert head.model.dtype == torch.float32  # shipped in fp16, loaded in fp32
-    pages = [p for p in load_start_pages("web-refit") if p.task == "click-button"]
+    assert WebWorldModel("web-outcome").outcome is not None and WebWorldModel("web-refit").outcome is None
+    pages = [p for p in load_start_pages("web-outcome") if p.task == "click-button"]
     env = WebTaskEnv("click-button", max_steps=1)
     right, last_right = [], []
     try:

@@ -40,7 +40,6 @@ from envs.web.tree import normalise_tree
 from rlvr_gym.data.textgame import SPECIAL_TOKENS, length_stats
 from rlvr_gym.domains.web import format_prompt, format_target, make_diff
 from rlvr_gym.files import atomic_write_text
-from rlvr_gym.models.web_outcome import OUTCOME_DIR
 
 log = logging.getLogger(__name__)
 
@@ -268,15 +267,3 @@ def check_disjoint_episodes(a: dict[str, Sequence[int]], b: dict[str, Sequence[i
             "(held-out episodes must be new pages, and two training sets would repeat pages)"
         )
 
-
-def check_not_trained_on(checkpoint_dir: str | os.PathLike, episodes: dict[str, Sequence[int]], what: str,
-                         name: str | None = None) -> dict | None:  # fmt: skip
-    """Raise ValueError if the web world model in `checkpoint_dir` or its outcome head (outcome/) was trained on any
-    of the episodes (task -> seeds); returns the world model's training record (None when it has none)."""
-    name = name or str(checkpoint_dir)
-    record = read_training_record(checkpoint_dir)
-    head = read_training_record(Path(checkpoint_dir) / OUTCOME_DIR)
-    for rec, whose in ((record, f"the training data of {name}"), (head, f"the training data of {name}'s outcome head")):
-        if rec is not None:
-            check_disjoint_episodes(rec["seeds"], episodes, whose, what)
-    return record

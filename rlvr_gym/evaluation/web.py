@@ -33,7 +33,6 @@ from transformers import PreTrainedTokenizerBase
 from envs.web import TASKS
 from rlvr_gym.data.web import (
     TRAINING_RECORD,
-    check_not_trained_on,
     encode_prompts,
     load_web_data,
     read_training_record,
@@ -42,7 +41,7 @@ from rlvr_gym.data.web_collect import collect_records
 from rlvr_gym.domains.web import best_by_web_reward, parse_target, web_metrics
 from rlvr_gym.models.lm import checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
-from rlvr_gym.models.web_outcome import CLASSES, OUTCOME_DIR, OutcomeHead, outcome_label
+from rlvr_gym.models.web_outcome import CLASSES, OUTCOME_DIR, OutcomeHead, check_not_trained_on, outcome_label
 
 log = logging.getLogger("rlvr_gym")
 

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import AutoConfig, LlamaConfig, LlamaModel, PreTrainedModel, PreTrainedTokenizerBase
 
 from envs.web import InvalidAction, parse_action
+from rlvr_gym.data.web import TRAINING_RECORD, check_disjoint_episodes, read_training_record
 from rlvr_gym.files import CheckpointError
 
 OUTCOME_DIR = "outcome"
@@ -207,8 +208,6 @@ def save_outcome_head(head: str | os.PathLike, checkpoint_dir: str | os.PathLike
                       dtype: torch.dtype = torch.float32) -> Path:  # fmt: skip
     """Write a trained head (its weights in `dtype`, tokenizer and web_training.json) as CHECKPOINT_DIR/outcome/,
     replacing any head there; a head that does not load is refused before anything is written."""
-    from rlvr_gym.data.web import TRAINING_RECORD
-
     loaded = OutcomeHead(head)
     dst = Path(checkpoint_dir) / OUTCOME_DIR
     tmp = dst.with_name(f".{OUTCOME_DIR}.tmp")
@@ -220,3 +219,16 @@ def save_outcome_head(head: str | os.PathLike, checkpoint_dir: str | os.PathLike
     shutil.rmtree(dst, ignore_errors=True)
     os.replace(tmp, dst)
     return dst
+
+
+def check_not_trained_on(checkpoint_dir: str | os.PathLike, episodes: dict[str, Sequence[int]], what: str,
+                         name: str | None = None) -> dict | None:  # fmt: skip
+    """Raise ValueError if the web world model in `checkpoint_dir` or its outcome head (outcome/) was trained on any
+    of the episodes (task -> seeds); returns the world model's training record (None when it has none)."""
+    name = name or str(checkpoint_dir)
+    record = read_training_record(checkpoint_dir)
+    head = read_training_record(Path(checkpoint_dir) / OUTCOME_DIR)
+    for rec, whose in ((record, f"the training data of {name}"), (head, f"the training data of {name}'s outcome head")):
+        if rec is not None:
+            check_disjoint_episodes(rec["seeds"], episodes, whose, what)
+    return record

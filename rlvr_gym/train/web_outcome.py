@@ -129,14 +129,15 @@ def outcome_metrics(model, examples: Examples, pad_id: int, batch_size: int = 64
     return metrics
 
 
-def add_outcome_head(world_model: str | os.PathLike, head: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """A copy of the web world model at `out` with the head in out/outcome/ (replacing any it had)."""
+def add_outcome_head(world_model: str | os.PathLike, head: str | os.PathLike, out: str | os.PathLike,
+                     dtype: torch.dtype = torch.float32) -> Path:  # fmt: skip
+    """A copy of the web world model at `out` (its CARD.md left out) with the head, in `dtype`, in out/outcome/."""
     src, out = resolve_checkpoint(world_model), Path(out)
     OutcomeHead(head)  # refuse a head that does not load before copying anything
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(OUTCOME_DIR, "CARD.md"))
-    save_outcome_head(head, tmp)
+    save_outcome_head(head, tmp, dtype)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
