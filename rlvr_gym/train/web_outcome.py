@@ -57,7 +57,8 @@ class OutcomeConfig(RUN.RunConfig):
     """Training sets written by `rlvr-gym collect web`: real transitions with their reward and done."""
     eval_data: str = ""
     """Held-out set for eval/ metrics (outcome accuracy overall and per task); empty: none."""
-    steps: int = 1500
+    steps: int = 1200
+    """Optimizer steps (web-outcome's head: 1,200 on two processes)."""
     lr: float = 1e-3
     weight_decay: float = 0.1
     warmup_steps: int = 50
@@ -69,8 +70,8 @@ class OutcomeConfig(RUN.RunConfig):
     """Weight of the squared error of the regressed reward (episodes that end without the task done)."""
     size: OutcomeSize = field(default_factory=OutcomeSize)
     """The classifier's shape (from scratch: --model is a checkpoint to continue from instead)."""
-    save_every: int = 250
-    eval_every: int = 250
+    save_every: int = 200
+    eval_every: int = 200
 
 
 @dataclass
