@@ -266,4 +266,3 @@ def check_disjoint_episodes(a: dict[str, Sequence[int]], b: dict[str, Sequence[i
             f"{what_a} and {what_b} share {len(shared)} episodes ({examples}): collect each set with its own --seed "
             "(held-out episodes must be new pages, and two training sets would repeat pages)"
         )
-

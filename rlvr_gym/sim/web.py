@@ -5,6 +5,7 @@ Gymnasium env over MiniWoB++ pages, and a wrapper that gives SB3 a discrete acti
 A web checkpoint directory (HF model + tokenizer) also holds the real pages the simulator starts from, written by
 `write_start_pages` from the real MiniWoB++ env (held-out seeds: neither the training nor the held-out set holds them):
     web_start_pages.json   {"format", "version", "pages": [{"task", "seed", "utterance", "tree"}, ...]}
+    outcome/               optional: the outcome head the reward and done come from (`rlvr_gym.models.web_outcome`)
 
 No browser runs here except in `write_start_pages`; the module still imports `envs.web` (and so selenium and
 miniwob) for the tree and action formats it shares with the real env, as `rlvr_gym.evaluation.web` does for the
