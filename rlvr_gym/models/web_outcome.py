@@ -6,7 +6,8 @@ names (the web-refit card's Limits: more data, the element's line in the prompt 
 outcome each left it at chance). DIAMOND learns reward and termination with a separate model; so does this one: a
 classifier over (page, task, action), trained with cross-entropy on real outcomes only. It reads the page first and
 ends on the task, the action and the line of the element the action names, so the comparison the outcome turns on
-sits beside the position the class is read from.
+sits beside the position the class is read from; tokens that also occur in the task line are flagged
+(`OutcomeModel`: DrQA's exact-match feature).
 
 A web checkpoint that has it holds it in CHECKPOINT/outcome/ (a Hugging Face model, `OutcomeModel`, and the LM's
 tokenizer); `rlvr_gym.sim.web.WebWorldModel` then takes the reward and done from it, and the page from the
@@ -30,6 +31,7 @@ from transformers import AutoConfig, LlamaConfig, LlamaModel, PreTrainedModel, P
 from envs.web import InvalidAction, parse_action
 from rlvr_gym.data.web import TRAINING_RECORD, check_disjoint_episodes, read_training_record
 from rlvr_gym.files import CheckpointError
+from rlvr_gym.models.lm import checked_tokenizer, load_tokenizer
 
 OUTCOME_DIR = "outcome"
 CLASSES = ("continue", "success", "failure")
@@ -64,7 +66,7 @@ class OutcomeModel(PreTrainedModel):
     """A small Llama read at the last token, with a learned embedding added to every token of the page and of the
     action lines whose id also occurs in the task line: DrQA's exact-match feature (Chen et al., 2017), which lets
     the classifier compare the element's label with the label the task names without learning string equality
-    over every pair of tokens (on click-button, 0.85-0.89 of held-out button clicks right without it)."""
+    over every pair of tokens (click-button: 0.72-0.89 of fresh clicks right without it, 0.975-0.988 with it)."""
 
     config_class = OutcomeModelConfig
     base_model_prefix = "model"
@@ -181,8 +183,6 @@ class OutcomeHead:
         path = Path(path)
         if not (path / "config.json").is_file():
             raise CheckpointError(f"{path} holds no outcome head (config.json missing)")
-        from rlvr_gym.models.lm import checked_tokenizer, load_tokenizer
-
         try:
             self.model = OutcomeModel.from_pretrained(path, dtype=torch.float32).eval()
         except Exception as error:
