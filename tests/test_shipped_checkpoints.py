@@ -169,7 +169,7 @@ def test_web_outcome_reads_which_button_click_button_asks_for():
                 utterance, tree, _ = env.reset(seed=page.seed)
                 assert (utterance, tree) == (page.utterance, page.tree)
                 _, reward, terminated, _ = env.step(action)[:4]
-                right.append((outcome.done, outcome.reward >= 1) == (terminated, task_done(reward)))
+                right.append((outcome.done, task_done(outcome.reward)) == (terminated, task_done(reward)))
             last_right.append(right[-1])
     finally:
         env.close()

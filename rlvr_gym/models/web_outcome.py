@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, LlamaConfig, LlamaModel, PreTrainedModel, PreTrainedTokenizerBase
 
-from envs.web import InvalidAction, parse_action
+from envs.web import InvalidAction, parse_action, task_done
 from rlvr_gym.data.web import TRAINING_RECORD, check_disjoint_episodes, read_training_record
 from rlvr_gym.files import CheckpointError
 from rlvr_gym.models.lm import checked_tokenizer, load_tokenizer
@@ -102,6 +102,7 @@ def element_line(tree: str, action: str) -> str:
         _, node_id, _ = parse_action(action)
     except InvalidAction:
         return ""
+    # domains.web keys lines by id too, but models sit below domains in the data flow (tests/test_layout.py).
     for line in tree.split("\n"):
         if line.lstrip("\t").startswith(f"[{node_id}] "):
             return line.lstrip("\t")
@@ -119,7 +120,10 @@ def encode_outcome_inputs(tokenizer: PreTrainedTokenizerBase, utterances: Sequen
     flags (1 where a token of the page or of the action lines also occurs in the task line)."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     tails = [outcome_tail(u, t, a) for u, t, a in zip(utterances, trees, actions)]
-    pages = tokenizer(list(trees), add_special_tokens=False)["input_ids"]
+    # The simulator asks about many actions on one page: each distinct page is tokenized once.
+    distinct = list(dict.fromkeys(trees))
+    page_ids = dict(zip(distinct, tokenizer(distinct, add_special_tokens=False)["input_ids"]))
+    pages = [page_ids[tree] for tree in trees]
     tasks = tokenizer([task for task, _ in tails], add_special_tokens=False)["input_ids"]
     acts = tokenizer([act for _, act in tails], add_special_tokens=False)["input_ids"]
     out = []
@@ -137,7 +141,7 @@ def outcome_label(reward: float, done: bool) -> int:
     """The class of a real transition's outcome."""
     if not done:
         return CLASSES.index("continue")
-    return CLASSES.index("success" if reward >= SUCCESS_REWARD else "failure")
+    return CLASSES.index("success" if task_done(reward) else "failure")
 
 
 def pad_batch(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
