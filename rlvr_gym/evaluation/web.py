@@ -72,8 +72,9 @@ def outcome_accuracies(checkpoint: str | os.PathLike, completions: Sequence[str]
     head_dir = resolve_checkpoint(checkpoint) / OUTCOME_DIR
     if head_dir.exists():
         head = OutcomeHead(head_dir)
-        right["head"] = [head.predict(r["utterance"], r["tree_before"], [r["action"]])[0].label == CLASSES[y]
-                         for r, y in zip(records, labels)]  # fmt: skip
+        predicted = head.predict_each([r["utterance"] for r in records], [r["tree_before"] for r in records],
+                                      [r["action"] for r in records])  # fmt: skip
+        right["head"] = [p.label == CLASSES[y] for p, y in zip(predicted, labels)]
     out = {}
     for name, hits in right.items():
         out[f"{name}_outcome_accuracy"] = float(np.mean(hits))

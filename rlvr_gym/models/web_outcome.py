@@ -199,8 +199,13 @@ class OutcomeHead:
 
     @torch.no_grad()
     def predict(self, utterance: str, tree: str, actions: Sequence[str]) -> list[Outcome]:
-        ids = encode_outcome_inputs(self.tokenizer, [utterance] * len(actions), [tree] * len(actions), actions,
-                                    self.max_tokens)  # fmt: skip
+        """The outcome of each action on one page."""
+        return self.predict_each([utterance] * len(actions), [tree] * len(actions), actions)
+
+    @torch.no_grad()
+    def predict_each(self, utterances: Sequence[str], trees: Sequence[str], actions: Sequence[str]) -> list[Outcome]:
+        """The outcome of each (utterance, tree, action), in batches."""
+        ids = encode_outcome_inputs(self.tokenizer, utterances, trees, actions, self.max_tokens)
         out: list[Outcome] = []
         for start in range(0, len(ids), self.batch_size):
             out += outcomes_of(self.model(**pad_batch(ids[start : start + self.batch_size], self.tokenizer.pad_token_id,
