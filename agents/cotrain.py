@@ -52,6 +52,7 @@ import torch  # noqa: E402
 from gymnasium.vector import AutoresetMode  # noqa: E402
 from stable_baselines3 import DQN, PPO  # noqa: E402
 from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
+from stable_baselines3.common.logger import Logger  # noqa: E402
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -278,6 +279,13 @@ def new_agent(config: CoTrainConfig, env) -> BaseAlgorithm:
     else:
         agent = PPO("MlpPolicy", env, n_steps=config.n_steps, n_epochs=4,
                     batch_size=min(128, config.n_steps * env.num_envs), **common)
+    return silent(agent)
+
+
+def silent(agent: BaseAlgorithm) -> BaseAlgorithm:
+    """`agent` with a logger that writes nothing: SB3 otherwise makes an empty temp directory at every learn() (the
+    loop logs its own TensorBoard scalars)."""
+    agent.set_logger(Logger(None, []))
     return agent
 
 
@@ -369,6 +377,7 @@ def learn_in_real_rt1(agent: PPO, env, config: CoTrainConfig, state: State) -> l
     learner = PPO("MlpPolicy", venv, n_steps=config.real_steps, n_epochs=4, batch_size=max(1, config.real_steps // 4),
                   learning_rate=config.agent_learning_rate, seed=config.seed + 1000 * state.round, device="cpu",
                   policy_kwargs={"net_arch": [64, 64]}, verbose=0)
+    silent(learner)
     learner.policy = agent.policy
     with tqdm(total=config.real_steps, desc=f"round {state.round}: collect and learn (real)", unit="step",
               leave=False) as bar:
@@ -674,7 +683,6 @@ def learn_from_real(agent: DQN, path: Path) -> int:
     """Dyna's direct RL: the real transitions into the agent's replay buffer, one gradient step per transition (the
     agent trained in the real env takes as many), then the target network set to the trained one. Returns the
     number of transitions learned from."""
-    from stable_baselines3.common.logger import configure
 
     data = np.load(path)
     width = agent.replay_buffer.n_envs
@@ -688,7 +696,7 @@ def learn_from_real(agent: DQN, path: Path) -> int:
                                 [{"TimeLimit.truncated": bool(t)} for t in timeouts])
     if rows:
         if not hasattr(agent, "_logger"):  # train() logs; an agent that has not learned yet has no logger
-            agent.set_logger(configure(None, []))
+            silent(agent)
         agent.train(gradient_steps=rows * width, batch_size=agent.batch_size)
         agent.q_net_target.load_state_dict(agent.q_net.state_dict())
     return rows * width
@@ -822,7 +830,7 @@ def check_config(config: CoTrainConfig) -> None:
 
 
 def load_agent(config: CoTrainConfig, path: Path, env) -> BaseAlgorithm:
-    agent = (DQN if config.algo == "dqn" else PPO).load(path, env=env, device="cpu")
+    agent = silent((DQN if config.algo == "dqn" else PPO).load(path, env=env, device="cpu"))
     if config.algo == "dqn" and path.with_name("replay_buffer.pkl").is_file():
         agent.load_replay_buffer(path.with_name("replay_buffer.pkl"))
     return agent

@@ -64,6 +64,7 @@ from agents.cotrain import (
     run_cotrain,
     score_in_real,
     score_text,
+    silent,
 )
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.files import content_fingerprint, path_label
@@ -133,6 +134,7 @@ def real_arm(config: CoTrainConfig, budget: int, points: int, agents: Path) -> l
     else:  # one real env, so a longer rollout than the loop's 32 steps x 16 sub-envs
         agent = PPO("MlpPolicy", env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.agent_learning_rate,
                     seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
+        silent(agent)
     scoring = config.eval_episodes * config.steps_per_episode  # an upper bound of each scoring's steps
     every = max((budget - points * scoring) // points, 256)
     callback = RealScoring(every, config, agents)
