@@ -100,6 +100,14 @@ def test_web_probe_runs_real_pages_and_the_learned_env(tmp_path):
     assert all(row["outcome_match"] in (0.0, 1.0) for row in result["policies"])
     (per_task,) = result["outcome_match_per_task"]  # one task, one page: the same matches as the policy rows
     assert per_task == {"task": "click-button", **{r["policy"]: r["outcome_match"] for r in result["policies"]}}
+    assert [e["policy"] for e in result["episodes"]] == [r["policy"] for r in result["policies"]]
+    for episode, row in zip(result["episodes"], result["policies"]):
+        assert episode["real"][0] == row["real_success"] and episode["learned"][0] == row["learned_success"]
+        assert len(episode["real_actions"]) == 1 and len(episode["learned_actions"]) == 1  # steps=1, a button to click
+    again = probe_web(WebProbeConfig(checkpoint="web-rlvr", starts=1, steps=1, tasks=("click-button",), random_draws=2,
+                                     out=str(tmp_path / "draws")))
+    assert {r["policy"]: r["episodes"] for r in again["policies"]}["uniform-random"] == 2
+    assert [e["draw"] for e in again["episodes"] if e["policy"] == "uniform-random"] == [0, 1]
     with pytest.raises(ValueError, match="no start pages of"):
         probe_web(WebProbeConfig(checkpoint="web-rlvr", tasks=("no-such-task",), out=str(tmp_path)))
 
@@ -129,6 +137,16 @@ def test_partial_credit_for_a_submit_with_boxes_left_wrong_is_not_success():
         env.close()
     assert outcome == (False, True) and not task_done(reward)
     assert task_done(1.0) and not task_done(0.99) and not task_done(-1.0)
+
+
+def test_the_gap_interval_is_over_paired_episodes():
+    (row,) = summarize("web", "x", {"p": [True, True, False, False]}, {"p": [False, True, False, False]})["policies"]
+    # Gaps 1, 0, 0, 0: mean 0.25, sample sd 0.5, so 0.25 +- 1.96 * 0.5 / 2.
+    assert row["false_success"] == 0.25 and row["gap_95ci"] == pytest.approx([0.25 - 0.49, 0.25 + 0.49])
+    (row,) = summarize("web", "x", {"p": [True, False]}, {"p": [True, False]})["policies"]
+    assert row["gap_95ci"] == [0.0, 0.0]  # the same outcome on every episode: no gap, and no doubt about it
+    (row,) = summarize("web", "x", {"p": [True]}, {"p": [False]})["policies"]
+    assert row["gap_95ci"] is None
 
 
 def test_reports_of_two_checkpoints_with_the_same_last_name_stay_apart(tmp_path, monkeypatch):

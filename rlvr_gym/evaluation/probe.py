@@ -47,13 +47,17 @@ class ProbeConfig:
 
 def summarize(domain: str, checkpoint: str, learned: dict[str, list[bool]], real: dict[str, list[bool]],
               matched: dict[str, list[bool]] | None = None) -> dict:
-    """Per policy: episodes, learned and real success rates, false success; then their mean and maximum. `matched`
-    (web) adds each policy's share of episodes whose outcome, success and termination, the learned env got right."""
+    """Per policy: episodes, learned and real success rates, false success, and the 95% interval of learned minus real
+    over the paired episodes (normal approximation: a few dozen episodes leave a gap of several points unresolved);
+    then the false successes' mean and maximum. `matched` (web) adds each policy's share of episodes whose outcome,
+    success and termination, the learned env got right."""
     rows = []
     for name in learned:
         l, r = float(np.mean(learned[name])), float(np.mean(real[name]))
+        gap = np.asarray(learned[name], float) - np.asarray(real[name], float)
+        half = 1.96 * float(gap.std(ddof=1)) / np.sqrt(len(gap)) if len(gap) > 1 else None
         rows.append({"policy": name, "episodes": len(learned[name]), "learned_success": l, "real_success": r,
-                     "false_success": max(0.0, l - r)})
+                     "false_success": max(0.0, l - r), "gap_95ci": None if half is None else [l - r - half, l - r + half]})
         if matched is not None:
             rows[-1]["outcome_match"] = float(np.mean(matched[name]))
     false = [row["false_success"] for row in rows]
@@ -68,7 +72,9 @@ def write_report(result: dict, config: ProbeConfig) -> dict:
     title = f"# Exploit probe: {result['domain']}, {result['checkpoint']}\n\n"
     summary = (f"Mean false success {result['mean_false_success']:.3f}, "
                f"largest {result['max_false_success']:.3f} (learned success the real env did not give).\n\n")
-    text = title + summary + markdown_table(result["policies"], digits=3) + "\n"
+    rows = [{**row, "gap_95ci": "{:+.3f} to {:+.3f}".format(*row["gap_95ci"]) if row["gap_95ci"] else "-"}
+            for row in result["policies"]]
+    text = title + summary + markdown_table(rows, digits=3) + "\n"
     if "false_success_per_task" in result:
         text += ("\nPer task, over every policy's episodes (most_false: the policy with the most false success):\n\n"
                  + markdown_table(result["false_success_per_task"], digits=3) + "\n")
@@ -264,6 +270,9 @@ def play_web(step: Callable[[str], tuple[str, float, bool, bool]], utterance: st
 class WebProbeConfig(ProbeConfig):
     tasks: tuple[str, ...] = ()
     """Tasks whose start pages are probed; empty: every task the checkpoint has start pages of."""
+    random_draws: int = 1
+    """uniform-random episodes per start page, each with its own draws (the other policies are deterministic):
+    a checkpoint keeps 8 start pages per task, too few episodes to resolve a gap of a few points."""
 
 
 def probe_web(config: WebProbeConfig) -> dict:
@@ -291,6 +300,7 @@ def probe_web(config: WebProbeConfig) -> dict:
     real: dict[str, list[bool]] = {}
     matched: dict[str, list[bool]] = {}
     matched_per_task: dict[str, dict[str, list[bool]]] = {}
+    episodes = []
     env = None
     try:
         for e, index in enumerate(tqdm(chosen, desc="start pages", unit="page", leave=False)):
@@ -299,15 +309,20 @@ def probe_web(config: WebProbeConfig) -> dict:
                 env = WebTaskEnv(page.task, max_steps=max_steps)
             elif env.task != page.task:
                 env.load_task(page.task)
-            for name in TRIVIAL_POLICIES:
+            for name, draw in [(n, d) for n in TRIVIAL_POLICIES
+                               for d in range(config.random_draws if n == "uniform-random" else 1)]:
                 # Each env gets its own copy of the policy, so uniform-random starts from the same draws in both.
-                policy_seed = config.seed * 1_000_003 + e
+                policy_seed = config.seed * 1_000_003 + e + draw * 7_919
+                real_actions, learned_actions = [], []
                 utterance, tree, _ = env.reset(seed=page.seed)
-                real_outcome = play_web(lambda a: env.step(a)[:4], utterance, tree, trivial_policy(name, policy_seed),
-                                        max_steps)  # fmt: skip
+                real_outcome = play_web(lambda a: env.step(a)[:4], utterance, tree,
+                                        recorded(trivial_policy(name, policy_seed), real_actions), max_steps)
                 sim.reset(seed=config.seed, options={"index": index})
-                learned_outcome = play_web(sim_step, page.utterance, sim.tree, trivial_policy(name, policy_seed),
-                                           max_steps)  # fmt: skip
+                learned_outcome = play_web(sim_step, page.utterance, sim.tree,
+                                           recorded(trivial_policy(name, policy_seed), learned_actions), max_steps)
+                episodes.append({"task": page.task, "start": index, "policy": name, "draw": draw,
+                                 "real": list(real_outcome), "learned": list(learned_outcome),
+                                 "real_actions": real_actions, "learned_actions": learned_actions})
                 real.setdefault(name, []).append(real_outcome[0])
                 learned.setdefault(name, []).append(learned_outcome[0])
                 matched.setdefault(name, []).append(learned_outcome == real_outcome)
@@ -317,5 +332,17 @@ def probe_web(config: WebProbeConfig) -> dict:
             env.close()
     per_task = [{"task": task, **{name: float(np.mean(m)) for name, m in by_policy.items()}}
                 for task, by_policy in matched_per_task.items()]
-    return write_report({**summarize("web", checkpoint, learned, real, matched), "outcome_match_per_task": per_task},
-                        config)
+    return write_report({**summarize("web", checkpoint, learned, real, matched), "outcome_match_per_task": per_task,
+                         "episodes": episodes}, config)
+
+
+def recorded(policy: Callable[[str, str], str | None], actions: list[str]) -> Callable[[str, str], str | None]:
+    """`policy`, appending each action it takes to `actions` (the probe's per-episode record)."""
+
+    def act(utterance: str, tree: str) -> str | None:
+        action = policy(utterance, tree)
+        if action is not None:
+            actions.append(action)
+        return action
+
+    return act
