@@ -16,7 +16,14 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from envs.web import WebTaskEnv, browser_available, record_transitions
 from envs.web.solvers import candidate_actions, quoted_strings
-from rlvr_gym.data.web import encode_examples, load_web_data, train_web_tokenizer, transition_texts
+from rlvr_gym.data.web import (
+    MODEL_PAGES,
+    encode_examples,
+    load_train_and_eval,
+    load_web_data,
+    train_web_tokenizer,
+    transition_texts,
+)
 from rlvr_gym.data.web_collect import WebCollectConfig, collect_web
 from rlvr_gym.domains.web import apply_diff, parse_target
 from rlvr_gym.evaluation.web import WebEvalConfig, run_web_eval
@@ -42,6 +49,7 @@ from rlvr_gym.sim.web import (
     step_outcome,
     write_start_pages,
 )
+from rlvr_gym.sim.web_replay import ReplayConfig, replay_web
 from rlvr_gym.train.sft import SFTConfig, train_sft
 from rlvr_gym.train.web_outcome import OutcomeConfig, outcome_examples, outcome_metrics, train_web_outcome
 
@@ -320,6 +328,38 @@ def test_a_corrupt_outcome_head_is_refused_with_its_name(with_head, tmp_path):
     assert WebWorldModel(broken, max_new_tokens=100, outcome_head=False).outcome is None
 
 
+def test_a_replay_puts_each_real_outcome_on_the_page_the_model_drew_for_that_step(with_head, tmp_path):
+    _, data, _ = with_head
+    # The shipped model: the tests' tiny one draws enter-text pages that do not parse, which ends a replay.
+    config = ReplayConfig(data=str(data), checkpoint="web-refit", out=str(tmp_path / "replay"), batch_size=4)
+    replay_web(config)
+    replayed, manifest = load_web_data(config.out)
+    real = {(r["task"], r["seed"], r["step"]): r for r in load_web_data(data)[0]}
+    assert manifest[MODEL_PAGES]["checkpoint"] == "web-refit" and 0 < len(replayed) <= len(real)
+    world = WebWorldModel("web-refit", outcome_head=False)
+    later = 0
+    for record in replayed:
+        truth = real[record["task"], record["seed"], record["step"]]
+        assert {k: record[k] for k in ("action", "reward", "done")} == {k: truth[k] for k in ("action", "reward", "done")}
+        if record["step"] == 1:
+            assert record["tree_before"] == truth["tree_before"]  # every episode starts from its real page
+        (drawn,) = world.predict(record["utterance"], record["tree_before"], [record["action"]])
+        assert drawn.error is None and record["tree_after"] == drawn.tree
+        after = [r for r in replayed if (r["task"], r["seed"], r["step"]) == (record["task"], record["seed"],
+                                                                               record["step"] + 1)]  # fmt: skip
+        if after:
+            later += 1
+            assert after[0]["tree_before"] == drawn.tree  # the next step reads the drawn page, not the real one
+    assert later > 0, "no replayed episode got past its first step: the chain of drawn pages went untested"
+    with pytest.raises(ValueError, match="drawn by"):
+        load_train_and_eval([config.out], "")  # the page trainers' loader
+    assert len(load_train_and_eval([config.out], "", model_pages=True)[0]) == len(replayed)
+    with pytest.raises(ValueError, match="already a replay"):
+        replay_web(dataclasses.replace(config, data=config.out, out=str(tmp_path / "again")))
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        replay_web(config)
+
+
 def test_eval_web_scores_the_outcome_of_the_lm_and_of_the_head_on_pages_the_head_never_saw(with_head, untrained):
     world_model, data, held_out = with_head
     config = WebEvalConfig(checkpoint=str(world_model), data=str(held_out), seen_tasks=TASKS, max_new_tokens=100)
@@ -335,3 +375,6 @@ def test_eval_web_scores_the_outcome_of_the_lm_and_of_the_head_on_pages_the_head
     assert never_parses["lm_outcome_accuracy"] == 0.0 and "head_outcome_accuracy" not in never_parses
     with pytest.raises(ValueError, match="outcome head"):
         run_web_eval(dataclasses.replace(config, data=str(data)))
+    with pytest.raises(ValueError, match="drawn by"):
+        run_web_eval(dataclasses.replace(config, data=str(replay_web(ReplayConfig(data=str(held_out),
+                                         checkpoint=str(world_model), max_new_tokens=100)))))

@@ -96,22 +96,39 @@ def load_web_data(data_dir: str | os.PathLike) -> tuple[list[dict], dict]:
     return records, manifest
 
 
+MODEL_PAGES = "model_pages"
+"""Manifest key of a dataset whose pages a world model drew (`rlvr-gym replay web`): its value names the model. Its
+outcomes are real, its pages are not, so only an outcome head trains on it."""
+
+
+def check_real_pages(manifest: dict, directory: str | os.PathLike, use: str) -> None:
+    """Refuse a dataset of model-drawn pages for `use` (training or scoring a page predictor)."""
+    if MODEL_PAGES in manifest:
+        raise ValueError(
+            f"{directory}: its pages were drawn by {manifest[MODEL_PAGES]['checkpoint']} (`rlvr-gym replay web`), "
+            f"not recorded: only an outcome head trains on it, not {use}"
+        )
+
+
 def episodes_of(manifest: dict) -> dict[str, list[int]]:
     """task -> MiniWoB seeds of the episodes a dataset holds."""
     return {task: list(entry["seeds"]) for task, entry in manifest["tasks"].items()}
 
 
 def load_train_and_eval(
-    data: Sequence[str], eval_data: str
+    data: Sequence[str], eval_data: str, model_pages: bool = False
 ) -> tuple[list[dict], list[tuple[str, dict]], list[dict], dict | None]:
     """Training records of one or more datasets with their (directory, manifest) pairs, and held-out records and
-    manifest (none when eval_data is empty); no two of the sets share an episode."""
+    manifest (none when eval_data is empty); no two of the sets share an episode. Datasets of model-drawn pages
+    (`MODEL_PAGES`) are refused unless `model_pages`."""
     if isinstance(data, (str, os.PathLike)):
         data = [data]
     train: list[dict] = []
     manifests: list[tuple[str, dict]] = []
     for directory in data:
         records, manifest = load_web_data(directory)
+        if not model_pages:
+            check_real_pages(manifest, directory, "a world model's pages")
         for other, other_manifest in manifests:
             check_disjoint_episodes(episodes_of(other_manifest), episodes_of(manifest), other, str(directory))
         train += records
@@ -121,6 +138,8 @@ def load_train_and_eval(
     if not eval_data:
         return train, manifests, [], None
     held_out, eval_manifest = load_web_data(eval_data)
+    if not model_pages:
+        check_real_pages(eval_manifest, eval_data, "a world model's pages")
     for directory, manifest in manifests:
         check_disjoint_episodes(episodes_of(manifest), episodes_of(eval_manifest), directory, eval_data)
     return train, manifests, held_out, eval_manifest

@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 from envs.web import TASKS
 from rlvr_gym.data.web import (
     TRAINING_RECORD,
+    check_real_pages,
     encode_prompts,
     load_web_data,
     read_training_record,
@@ -139,6 +140,7 @@ def run_web_eval(config: WebEvalConfig) -> dict:
         )
     if config.data:
         records, manifest = load_web_data(config.data)
+        check_real_pages(manifest, config.data, "the page scores of `eval web`")
         episodes = {task: entry["seeds"] for task, entry in manifest["tasks"].items()}
         source = config.data
     else:

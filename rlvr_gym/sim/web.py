@@ -214,32 +214,39 @@ class WebWorldModel:
                 "lower max_new_tokens"
             )
 
-    @torch.no_grad()
     def predict(self, utterance: str, tree: str, actions: Sequence[str], seed: int = 0) -> list[Prediction]:
-        """One prediction per action: the page from the LM, the reward and done from the outcome head when there
-        is one. An action `check_action` refuses, a prompt longer than the model's context, and a completion that
-        does not parse give an error instead."""
+        """One prediction per action on one page: see `predict_each`."""
+        return self.predict_each([utterance] * len(actions), [tree] * len(actions), actions, seed)
+
+    @torch.no_grad()
+    def predict_each(self, utterances: Sequence[str], trees: Sequence[str], actions: Sequence[str],
+                     seed: int = 0) -> list[Prediction]:  # fmt: skip
+        """One prediction per (utterance, tree, action): the page from the LM, the reward and done from the outcome
+        head when there is one. An action `check_action` refuses, a prompt longer than the model's context, and a
+        completion that does not parse give an error instead."""
         out: list[Prediction | None] = []
-        for action in actions:
+        for action, tree in zip(actions, trees):
             error = check_action(action, tree)
             out.append(None if error is None else Prediction(action, tree, 0.0, False, 0, "", error))
         todo = [i for i, p in enumerate(out) if p is None]
-        records = [{"utterance": utterance, "tree_before": tree, "action": actions[i]} for i in todo]
+        records = [{"utterance": utterances[i], "tree_before": trees[i], "action": actions[i]} for i in todo]
         prompts = encode_prompts(self.tokenizer, records) if records else []
         fits = []
         for i, prompt in zip(todo, prompts):
             if len(prompt) > self.max_prompt_tokens:
-                out[i] = Prediction(actions[i], tree, 0.0, False, 0, "", f"the page is too long for the model: "
+                out[i] = Prediction(actions[i], trees[i], 0.0, False, 0, "", f"the page is too long for the model: "
                                     f"{len(prompt)} prompt tokens, at most {self.max_prompt_tokens}")  # fmt: skip
             else:
                 fits.append((i, prompt))
         if fits:
             completions = sample_texts(self.model, self.tokenizer, [p for _, p in fits], self.batch_size,
                                        self.max_new_tokens, temperature=self.temperature, seed=seed)  # fmt: skip
-            heads = (self.outcome.predict(utterance, tree, [actions[i] for i, _ in fits]) if self.outcome is not None
-                     else [None] * len(fits))  # fmt: skip
-            for (i, _), (text,), head in zip(fits, completions, heads):
-                out[i] = self._outcome(actions[i], utterance, tree, text, head)
+            rows = [i for i, _ in fits]
+            heads = (self.outcome.predict_each([utterances[i] for i in rows], [trees[i] for i in rows],
+                                               [actions[i] for i in rows])
+                     if self.outcome is not None else [None] * len(fits))  # fmt: skip
+            for i, (text,), head in zip(rows, completions, heads):
+                out[i] = self._outcome(actions[i], utterances[i], trees[i], text, head)
         return out  # type: ignore[return-value]
 
     @staticmethod

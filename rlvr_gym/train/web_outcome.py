@@ -54,7 +54,8 @@ class OutcomeConfig(RUN.RunConfig):
     world_model: str = "web-refit"
     """The web world model (shipped name or directory) the head is added to; its tokenizer is the head's."""
     data: tuple[str, ...] = ("runs/web/train",)
-    """Training sets written by `rlvr-gym collect web`: real transitions with their reward and done."""
+    """Training sets written by `rlvr-gym collect web` (real transitions with their reward and done) or by
+    `rlvr-gym replay web` (the same on the world model's pages)."""
     eval_data: str = ""
     """Held-out set for eval/ metrics (outcome accuracy overall and per task); empty: none."""
     steps: int = 1200
@@ -151,7 +152,7 @@ def train_web_outcome(config: OutcomeConfig) -> Path:
                          f"{config.batch_size}, {config.micro_batch}, {config.reward_weight}")  # fmt: skip
     d = RUN.setup_processes(config.threads)
     run_dir = Path(config.run_dir)
-    train, manifests, held_out, _ = load_train_and_eval(config.data, config.eval_data)
+    train, manifests, held_out, _ = load_train_and_eval(config.data, config.eval_data, model_pages=True)
     tokenizer = load_tokenizer(resolve_checkpoint(config.world_model))
     if not config.model:
         init = run_dir / "init"
