@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # web-outcome: web-refit with an outcome head, the classifier its learned env then takes reward and done from,
 # trained on real MiniWoB++ outcomes (the probe's moves on all 13 tasks, scripted play, and the two tasks whose
-# outcome turns on reading the page: click-button and click-checkboxes). On the 2-core CPU: collection about 15
-# minutes, training about 30. A killed run continues with the same command.
+# outcome turns on reading the page: click-button and click-checkboxes), and on random and half-skilled play
+# replayed on web-refit's own pages (`rlvr-gym replay web`): the pages the head reads in the simulator. On the
+# 2-core CPU: collection about 25 minutes, replays 10, training about 30. A killed run continues with the same
+# command.
 #
 #   bash docs/ship_web_outcome.sh
 set -eu
@@ -25,18 +27,26 @@ collect runs/web/target8-checkbox --tasks click-checkboxes --skills 1.0 0.5 --po
   uniform-random --episodes 400 --seed 8 --max-steps 5
 collect runs/web/target10-checkbox --tasks click-checkboxes --skills 1.0 0.5 --policies submit-with-nothing-filled \
   uniform-random --episodes 300 --seed 10 --max-steps 5
-collect runs/web/val12 --tasks click-button click-checkboxes --skills --policies click-last-button \
-  submit-with-nothing-filled uniform-random --episodes 40 --seed 12 --max-steps 5
+RANDOM="--skills 0.7 0.4 --policies uniform-random uniform-random --max-steps 5"
+collect runs/web/random15 --tasks $ALL --episodes 60 --seed 15 $RANDOM
+collect runs/web/random16 --tasks click-link email-inbox click-tab-2 click-collapsible-2 click-checkboxes enter-text \
+  login-user search-engine click-button --episodes 200 --seed 16 $RANDOM
+collect runs/web/random17 --tasks $ALL --episodes 24 --seed 17 $RANDOM
+for data in runs/web/random15 runs/web/random16; do
+  [ -f "$data-on-web-refit/manifest.json" ] || $PY -m rlvr_gym replay web --data $data --checkpoint web-refit \
+    --out "$data-on-web-refit" --overwrite
+done
 $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m rlvr_gym train web-outcome --resume \
-  --run-dir runs/web/outcome --world-model web-refit --data runs/web/target8-button runs/web/target10-button \
+  --run-dir runs/web/outcome-replayed --world-model web-refit --data runs/web/target8-button runs/web/target10-button \
   runs/web/target13-button runs/web/target8-checkbox runs/web/target10-checkbox runs/web/trivial4 runs/web/train0 \
-  --eval-data runs/web/val12 --steps 1200 --eval-every 200
+  runs/web/random15-on-web-refit runs/web/random16-on-web-refit --eval-data runs/web/random17 --steps 1200 \
+  --eval-every 200
 $PY - <<'PYTHON'
 import torch
 from rlvr_gym.models.lm import SHIPPED_DIR
 from rlvr_gym.train.web_outcome import add_outcome_head
 card = SHIPPED_DIR / "web-outcome" / "CARD.md"
 text = card.read_text() if card.is_file() else ""
-add_outcome_head("web-refit", "runs/web/outcome/final", SHIPPED_DIR / "web-outcome", torch.float16)
+add_outcome_head("web-refit", "runs/web/outcome-replayed/final", SHIPPED_DIR / "web-outcome", torch.float16)
 card.write_text(text)
 PYTHON
