@@ -100,14 +100,16 @@ def test_web_probe_runs_real_pages_and_the_learned_env(tmp_path):
     assert all(row["outcome_match"] in (0.0, 1.0) for row in result["policies"])
     (per_task,) = result["outcome_match_per_task"]  # one task, one page: the same matches as the policy rows
     assert per_task == {"task": "click-button", **{r["policy"]: r["outcome_match"] for r in result["policies"]}}
-    assert [e["policy"] for e in result["episodes"]] == [r["policy"] for r in result["policies"]]
-    for episode, row in zip(result["episodes"], result["policies"]):
+    episodes = json.loads((tmp_path / "probe.json").read_text())["episodes"]
+    assert "episodes" not in result and [e["policy"] for e in episodes] == [r["policy"] for r in result["policies"]]
+    for episode, row in zip(episodes, result["policies"]):
         assert episode["real"][0] == row["real_success"] and episode["learned"][0] == row["learned_success"]
         assert len(episode["real_actions"]) == 1 and len(episode["learned_actions"]) == 1  # steps=1, a button to click
     again = probe_web(WebProbeConfig(checkpoint="web-rlvr", starts=1, steps=1, tasks=("click-button",), random_draws=2,
                                      out=str(tmp_path / "draws")))
     assert {r["policy"]: r["episodes"] for r in again["policies"]}["uniform-random"] == 2
-    assert [e["draw"] for e in again["episodes"] if e["policy"] == "uniform-random"] == [0, 1]
+    episodes = json.loads((tmp_path / "draws" / "probe.json").read_text())["episodes"]
+    assert [e["draw"] for e in episodes if e["policy"] == "uniform-random"] == [0, 1]
     with pytest.raises(ValueError, match="no start pages of"):
         probe_web(WebProbeConfig(checkpoint="web-rlvr", tasks=("no-such-task",), out=str(tmp_path)))
 

@@ -82,7 +82,8 @@ def write_report(result: dict, config: ProbeConfig) -> dict:
         text += ("\nOutcome match per task (share of start pages where the learned success and termination are the "
                  "real ones):\n\n" + markdown_table(result["outcome_match_per_task"], digits=3) + "\n")
     (out / "probe.md").write_text(text)
-    return {**result, "out": str(out)}
+    # Per-episode records stay in probe.json: the command prints the summary as one line.
+    return {**{k: v for k, v in result.items() if k != "episodes"}, "out": str(out)}
 
 
 # ---------------------------------------------------------------------------------------------------- RT-1
