@@ -42,8 +42,9 @@ from rlvr_gym.sim.discrete import action_mask, stable_bucket
 
 START_PAGES = "web_start_pages.json"
 START_PAGES_FORMAT, START_PAGES_VERSION = "rlvr-gym-web-start-pages", 1
-DEFAULT_CHECKPOINT = "web-refit"
-"""web-rlvr refit on the real outcomes of the exploit probe's moves: the learned env that does not pay them (its card)."""
+DEFAULT_CHECKPOINT = "web-outcome"
+"""web-refit's LM (web-rlvr refit on the real outcomes of the exploit probe's moves) with an outcome head that reward
+and done come from: the learned env whose outcomes match the real pages' on the probe's moves (its card)."""
 START_SEEDS = tuple(range(2_000_000, 2_000_008))
 """MiniWoB seeds of the shipped start pages: collection seed 2's block (the training set used 0, the held-out set 1;
 `eval web` collects fresh episodes from this block by default, which is harmless: start pages are not trained on)."""
@@ -319,7 +320,7 @@ class WebWorldEnv(gym.Env):
     cut), `task`, `seed` (the start page's MiniWoB seed), `step`, and after a step `prediction` (the completion).
 
     ## Arguments
-    - `checkpoint`: a web world-model directory or shipped name (default "web-refit").
+    - `checkpoint`: a web world-model directory or shipped name (default "web-outcome").
     - `max_steps`: steps before truncation (default 10).
     - `temperature`: 0 for greedy predictions; > 0 samples them, seeded from `np_random` at reset, so the same
       reset seed gives the same rollout.
