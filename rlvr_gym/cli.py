@@ -62,7 +62,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
                       "SFT the web world model (BPE trained on the data, or a local HF causal LM)"),
     "train web-rlvr": ("rlvr_gym.train.web", "WebRLVRConfig", "run_web_rlvr", "GRPO the web world model on the item-F1 web reward"),
     "replay web": ("rlvr_gym.sim.web_replay", "ReplayConfig", "replay_web",
-                   "real web episodes replayed on a world model's own pages, with their real outcomes (outcome-head data)"),
+                   "real web episodes replayed on a world model's pages, with their real outcomes (outcome-head data)"),
     "train web-outcome": ("rlvr_gym.train.web_outcome", "OutcomeConfig", "train_web_outcome",
                           "train a web world model's outcome head, which its simulator's reward and done come from"),
     "evaluate-policies rt1": ("rlvr_gym.evaluation.policies", "RT1PolicyEvalConfig", "run_rt1_policy_eval",

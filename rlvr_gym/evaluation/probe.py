@@ -56,8 +56,9 @@ def summarize(domain: str, checkpoint: str, learned: dict[str, list[bool]], real
         l, r = float(np.mean(learned[name])), float(np.mean(real[name]))
         gap = np.asarray(learned[name], float) - np.asarray(real[name], float)
         half = 1.96 * float(gap.std(ddof=1)) / np.sqrt(len(gap)) if len(gap) > 1 else None
+        interval = None if half is None else [l - r - half, l - r + half]
         rows.append({"policy": name, "episodes": len(learned[name]), "learned_success": l, "real_success": r,
-                     "false_success": max(0.0, l - r), "gap_95ci": None if half is None else [l - r - half, l - r + half]})
+                     "false_success": max(0.0, l - r), "gap_95ci": interval})
         if matched is not None:
             rows[-1]["outcome_match"] = float(np.mean(matched[name]))
     false = [row["false_success"] for row in rows]

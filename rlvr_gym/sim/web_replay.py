@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from envs.web import task_done
 from rlvr_gym.data.web import MANIFEST, MODEL_PAGES, load_web_data
 from rlvr_gym.data.web_collect import command_line
 from rlvr_gym.files import atomic_write_text, path_label
@@ -70,7 +71,7 @@ def replay_web(config: ReplayConfig) -> Path:
     todo = episodes(records)
     pages = [steps[0]["tree_before"] for steps in todo]
     written: dict[str, list[dict]] = {task: [] for task in manifest["tasks"]}
-    stopped = {"refused or failed": 0}
+    stopped = 0
     with tqdm(total=len(records), desc="replay web", unit="step") as bar:
         alive = list(range(len(todo)))
         step = 0
@@ -81,7 +82,7 @@ def replay_web(config: ReplayConfig) -> Path:
             still = []
             for i, record, prediction in zip(alive, current, predictions):
                 if prediction.error is not None:  # the simulator truncates here, unpaid: no outcome to learn
-                    stopped["refused or failed"] += 1
+                    stopped += 1
                     bar.update(len(todo[i]) - step)
                     continue
                 written[record["task"]].append({**record, "tree_before": pages[i], "tree_after": prediction.tree})
@@ -98,14 +99,18 @@ def replay_web(config: ReplayConfig) -> Path:
         with gzip.open(tmp, "wt", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in written[task])
         os.replace(tmp, path)
-        tasks[task] = {**entry, "transitions": len(written[task])}
+        # An episode stopped early keeps the steps before the stop, so its real success may not be among them.
+        tasks[task] = {**entry, "transitions": len(written[task]),
+                       "successes": sum(r["done"] and task_done(r["reward"]) for r in written[task])}
     total = sum(e["transitions"] for e in tasks.values())
-    replayed = {**{k: v for k, v in manifest.items() if k not in ("tasks", "transitions")}, "tasks": tasks,
+    # The collection's own config stays; its timing does not describe this dataset.
+    kept = {k: v for k, v in manifest.items() if k not in ("tasks", "transitions", "seconds", "transitions_per_s")}
+    replayed = {**kept, "tasks": tasks,
                 "transitions": total,
                 MODEL_PAGES: {"checkpoint": str(config.checkpoint), "data": config.data,
-                              "episodes_stopped_early": stopped["refused or failed"]},
+                              "episodes_stopped_early": stopped},
                 "command": command_line(["rlvr-gym", "replay", "web"], config)}  # fmt: skip
     atomic_write_text(out / MANIFEST, json.dumps(replayed, indent=1))
     log.info("wrote %d of %d transitions on %s's pages to %s (%d episodes stopped where the simulator would)",
-             total, len(records), config.checkpoint, out, stopped["refused or failed"])  # fmt: skip
+             total, len(records), config.checkpoint, out, stopped)  # fmt: skip
     return out
