@@ -27,11 +27,11 @@ collect runs/web/target8-checkbox --tasks click-checkboxes --skills 1.0 0.5 --po
   uniform-random --episodes 400 --seed 8 --max-steps 5
 collect runs/web/target10-checkbox --tasks click-checkboxes --skills 1.0 0.5 --policies submit-with-nothing-filled \
   uniform-random --episodes 300 --seed 10 --max-steps 5
-RANDOM="--skills 0.7 0.4 --policies uniform-random uniform-random --max-steps 5"
-collect runs/web/random15 --tasks $ALL --episodes 60 --seed 15 $RANDOM
+PLAY="--skills 0.7 0.4 --policies uniform-random uniform-random --max-steps 5"
+collect runs/web/random15 --tasks $ALL --episodes 60 --seed 15 $PLAY
 collect runs/web/random16 --tasks click-link email-inbox click-tab-2 click-collapsible-2 click-checkboxes enter-text \
-  login-user search-engine click-button --episodes 200 --seed 16 $RANDOM
-collect runs/web/random17 --tasks $ALL --episodes 24 --seed 17 $RANDOM
+  login-user search-engine click-button --episodes 200 --seed 16 $PLAY
+collect runs/web/random17 --tasks $ALL --episodes 24 --seed 17 $PLAY
 for data in runs/web/random15 runs/web/random16; do
   [ -f "$data-on-web-refit/manifest.json" ] || $PY -m rlvr_gym replay web --data $data --checkpoint web-refit \
     --out "$data-on-web-refit" --overwrite
