@@ -3,9 +3,11 @@ keys a model directory by, and the error a missing or damaged checkpoint raises.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 LOG_FILE = "log.jsonl"
@@ -15,6 +17,14 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to a temporary file beside `path`, then rename it over `path`: readers see the old or the new."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def atomic_write_jsonl_gz(path: Path, records: Iterable[dict]) -> None:
+    """Records as gzipped JSON lines, written beside `path` and renamed over it (a killed write leaves no half file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
     os.replace(tmp, path)
 
 

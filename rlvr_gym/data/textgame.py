@@ -9,7 +9,6 @@ state or diff teaches nothing true): examples longer than the limits are dropped
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from rlvr_gym.data.bytesized32 import Transition, data_dir, load_transitions
 from rlvr_gym.domains.textgame import balance, format_prompt, format_target, is_changed, make_diff
-from rlvr_gym.files import atomic_write_text
+from rlvr_gym.files import atomic_write_jsonl_gz, atomic_write_text
 
 if TYPE_CHECKING:
     from envs.textworld import Transition as TextWorldTransition
@@ -233,10 +232,7 @@ def write_transitions(records: Sequence[dict], out: str | os.PathLike) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     target = out / TEXTWORLD_FILE
-    tmp = out / f".{TEXTWORLD_FILE}.tmp"
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(tmp, target)
+    atomic_write_jsonl_gz(target, records)
     return target
 
 

@@ -4,11 +4,9 @@ parallel processes; the format is `rlvr_gym.data.web`'s."""
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import logging
 import multiprocessing
-import os
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -23,7 +21,7 @@ from envs.web import TASKS, WebTaskEnv, record_transitions, task_done
 from envs.web.env import BROWSER_ERRORS
 from envs.web.solvers import EXPERTS, TRIVIAL_POLICIES
 from rlvr_gym.data.web import FORMAT, FORMAT_VERSION, MANIFEST, SEEDS_PER_RUN, TRAIN_TASKS, read_manifest
-from rlvr_gym.files import atomic_write_text
+from rlvr_gym.files import atomic_write_jsonl_gz, atomic_write_text
 from rlvr_gym.logs import configure_logging
 
 log = logging.getLogger(__name__)
@@ -80,15 +78,11 @@ def collect_web(config: WebCollectConfig, env: WebTaskEnv | None = None) -> Path
     tasks = {task: {"file": f"{task}.jsonl.gz", "seeds": [], "failed_seeds": [], "transitions": 0, "successes": 0}
              for task in config.tasks}  # fmt: skip
     started = time.perf_counter()
-    current, lines = None, []
+    current, kept = None, []
 
     def flush() -> None:
-        path = out / tasks[current]["file"]
-        tmp = path.with_name(f".{path.name}.tmp")
-        with gzip.open(tmp, "wt", encoding="utf-8") as f:
-            f.writelines(lines)
-        os.replace(tmp, path)
-        lines.clear()
+        atomic_write_jsonl_gz(out / tasks[current]["file"], kept)
+        kept.clear()
 
     results = episode_results(config.tasks, config.episodes, config.seed, mix, config.max_steps, config.workers, env)
     for (task, seed, _), records, error in results:
@@ -103,7 +97,7 @@ def collect_web(config: WebCollectConfig, env: WebTaskEnv | None = None) -> Path
         entry["seeds"].append(seed)
         entry["transitions"] += len(records)
         entry["successes"] += int(bool(records) and task_done(records[-1]["reward"]))
-        lines.extend(json.dumps(r) + "\n" for r in records)
+        kept.extend(records)
     flush()
     seconds = time.perf_counter() - started
     total = sum(e["transitions"] for e in tasks.values())

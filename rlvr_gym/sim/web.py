@@ -35,6 +35,7 @@ from envs.web.tree import normalise_tree
 from rlvr_gym.data.real_env_versions import check_real_env_versions, write_real_env_versions
 from rlvr_gym.data.web import encode_prompts
 from rlvr_gym.domains.web import apply_diff, expand_diff, parse_target
+from rlvr_gym.files import atomic_write_text
 from rlvr_gym.models.lm import CheckpointError, checked_tokenizer, context_length, load_model, resolve_checkpoint
 from rlvr_gym.models.sampler import sample_texts
 from rlvr_gym.models.web_outcome import OUTCOME_DIR, Outcome, OutcomeHead
@@ -103,9 +104,7 @@ def write_start_pages(
         if own_env:
             env.close()
     path = directory / START_PAGES
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"format": START_PAGES_FORMAT, "version": START_PAGES_VERSION, "pages": pages}))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps({"format": START_PAGES_FORMAT, "version": START_PAGES_VERSION, "pages": pages}))
     write_real_env_versions(directory, "web")
     return path
 

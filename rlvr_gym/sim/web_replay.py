@@ -16,10 +16,8 @@ outcome trainer takes it with `--data`, and the page trainers and `eval web` ref
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from tqdm import tqdm
 from envs.web import task_done
 from rlvr_gym.data.web import MANIFEST, MODEL_PAGES, load_web_data
 from rlvr_gym.data.web_collect import command_line
-from rlvr_gym.files import atomic_write_text, path_label
+from rlvr_gym.files import atomic_write_jsonl_gz, atomic_write_text, path_label
 from rlvr_gym.sim.web import DEFAULT_CHECKPOINT, WebWorldModel
 
 log = logging.getLogger("rlvr_gym")
@@ -94,11 +92,7 @@ def replay_web(config: ReplayConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tasks = {}
     for task, entry in manifest["tasks"].items():
-        path = out / entry["file"]
-        tmp = path.with_name(f".{path.name}.tmp")
-        with gzip.open(tmp, "wt", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in written[task])
-        os.replace(tmp, path)
+        atomic_write_jsonl_gz(out / entry["file"], written[task])
         # An episode stopped early keeps the steps before the stop, so its real success may not be among them.
         tasks[task] = {**entry, "transitions": len(written[task]),
                        "successes": sum(r["done"] and task_done(r["reward"]) for r in written[task])}
