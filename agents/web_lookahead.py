@@ -164,7 +164,7 @@ def lookahead_policy(world: WebWorldModel, seed: int = 0) -> Policy:
     calls = [0]
 
     def act(utterance: str, tree: str, candidates: list[str], taken: list[str]) -> str:
-        predictions = world.predict(utterance, tree, candidates, seed=seed + calls[0])
+        predictions = world.predict(utterance, tree, candidates, seed=seed + calls[0], earlier=taken)
         calls[0] += 1
         return candidates[rank_predictions(utterance, tree, predictions, taken)[0]]
 

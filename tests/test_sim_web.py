@@ -2,6 +2,7 @@
 seeded rollouts, and the SB3 wrapper. One browser records the pages and transitions; the world models are tiny
 Llamas, one untrained (its output never parses) and one trained for a few seconds on the recorded transitions."""
 
+import copy
 import dataclasses
 import json
 import re
@@ -18,6 +19,7 @@ from envs.web import WebTaskEnv, browser_available, record_transitions
 from envs.web.solvers import candidate_actions, quoted_strings
 from rlvr_gym.data.web import (
     MODEL_PAGES,
+    earlier_actions,
     encode_examples,
     load_train_and_eval,
     load_web_data,
@@ -37,6 +39,9 @@ from rlvr_gym.models.web_outcome import (
     encode_outcome_inputs,
     outcome_label,
     outcome_tail,
+    outcomes_of,
+    pad_batch,
+    typed_line,
 )
 from rlvr_gym.sim.web import (
     CANDIDATE_FEATURES,
@@ -51,7 +56,13 @@ from rlvr_gym.sim.web import (
 )
 from rlvr_gym.sim.web_replay import ReplayConfig, replay_web
 from rlvr_gym.train.sft import SFTConfig, train_sft
-from rlvr_gym.train.web_outcome import OutcomeConfig, outcome_examples, outcome_metrics, train_web_outcome
+from rlvr_gym.train.web_outcome import (
+    OutcomeConfig,
+    add_outcome_head,
+    outcome_examples,
+    outcome_metrics,
+    train_web_outcome,
+)
 
 pytestmark = pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
 TASKS = ("click-test-2", "enter-text")
@@ -284,26 +295,66 @@ def test_the_outcome_head_learns_the_real_outcomes_it_was_trained_on(with_head):
     world_model, data, _ = with_head
     head = OutcomeHead(world_model / OUTCOME_DIR)
     records, _ = load_web_data(data)
-    examples = outcome_examples(records, head.tokenizer, head.max_tokens)
+    examples = outcome_examples(records, head.tokenizer, head.max_tokens, head.reads_typed)
     majority = np.bincount(examples.labels).max() / len(examples.labels)
     metrics = outcome_metrics(head.model, examples, head.tokenizer.pad_token_id)
     assert metrics["outcome_accuracy"] > majority and metrics["outcome_accuracy"] >= 0.8, (metrics, majority)
     assert len(set(examples.labels.tolist())) == 3  # the set holds all three outcomes, so the bar above means something
 
 
-def test_the_env_takes_reward_and_done_from_the_outcome_head(with_head):
+def test_the_env_takes_reward_and_done_from_the_outcome_head(with_head, tmp_path):
     world_model, _, _ = with_head
     head = OutcomeHead(world_model / OUTCOME_DIR)
+    assert head.reads_typed
+    # The shipped LM: the tests' tiny one draws enter-text pages that do not parse, which ends the episode.
+    world_model = add_outcome_head("web-refit", world_model.parent / "final", tmp_path / "web-refit-with-head")
+    lengths = []
     for use_head in (True, False):
-        env = WebWorldEnv(world_model, task="click-test-2", max_steps=4, max_new_tokens=100, outcome_head=use_head)
+        env = WebWorldEnv(world_model, task="enter-text", max_steps=4, max_new_tokens=100, outcome_head=use_head)
         _, info = env.reset(seed=7)
-        tree, utterance, action = info["tree"], env.unwrapped.utterance, info["candidates"][0]
-        _, reward, terminated, _, info = env.step(action)
-        assert info["error"] is None
-        target, _ = parse_target(info["prediction"])
-        outcome = head.predict(utterance, tree, [action])[0]
-        done, paid = (outcome.done, outcome.reward) if use_head else (target["done"], np.clip(target["reward"], -1, 1))
-        assert (terminated, reward) == (done, paid if done else 0.0)
+        utterance, earlier = env.unwrapped.utterance, []
+        for _ in range(2):  # the second step's outcome is asked after the first's typed text
+            tree = info["tree"]
+            action = next(a for a in info["candidates"] if a.startswith("type") or earlier)
+            _, reward, terminated, truncated, info = env.step(action)
+            assert info["error"] is None
+            target, _ = parse_target(info["prediction"])
+            outcome = head.predict(utterance, tree, [action], earlier)[0]
+            done, paid = (outcome.done, outcome.reward) if use_head else (target["done"], np.clip(target["reward"], -1, 1))
+            assert (terminated, reward) == (done, paid if done else 0.0)
+            earlier.append(action)
+            if terminated or truncated:
+                break
+        assert env.unwrapped.taken == earlier
+        lengths.append(len(earlier))
+    assert max(lengths) == 2, "no episode reached a second step: the earlier actions went untested"
+
+
+def test_a_head_that_reads_typed_text_sees_the_episodes_earlier_type_actions(with_head):
+    world_model, data, _ = with_head
+    records, _ = load_web_data(data)
+    earlier = earlier_actions(records)
+    by_step = {(r["task"], r["seed"], r["step"]): r["action"] for r in records}
+    for record, before in zip(records, earlier):
+        assert before == [by_step[record["task"], record["seed"], s] for s in range(1, record["step"])]
+    i = next(i for i, e in enumerate(earlier) if any(a.startswith("type") for a in e))
+    typed = [a for a in earlier[i] if a.startswith("type")][-1]
+    _, tail = outcome_tail(records[i]["utterance"], records[i]["tree_before"], records[i]["action"], earlier[i])
+    assert tail.startswith("\nTyped: ") and typed.removeprefix("type ") in tail.split("\n")[1]
+    assert typed_line(["click [3]", "type [4] \"ab\"", "type [5] \"c d\"", "jump"]) == '\nTyped: [4] "ab" [5] "c d"'
+    assert outcome_tail("u", "t", "click [1]") == outcome_tail("u", "t", "click [1]", None)  # a head that does not read
+    head = OutcomeHead(world_model / OUTCOME_DIR)
+    with pytest.raises(ValueError, match="earlier"):
+        head.predict_each([records[i]["utterance"]], [records[i]["tree_before"]], [records[i]["action"]])
+    with pytest.raises(ValueError, match="twice"):
+        earlier_actions([records[0], records[0]])
+    old = copy.deepcopy(head)  # a head saved before it read typed text: its inputs and outcomes are as they were
+    old.model.config.reads_typed = False
+    ids = encode_outcome_inputs(head.tokenizer, [records[i]["utterance"]], [records[i]["tree_before"]],
+                                [records[i]["action"]], head.max_tokens)  # fmt: skip
+    plain = old.model(**pad_batch(ids, head.tokenizer.pad_token_id, "cpu"))
+    assert old.predict_each([records[i]["utterance"]], [records[i]["tree_before"]], [records[i]["action"]],
+                            [earlier[i]]) == outcomes_of(plain)  # fmt: skip
 
 
 def test_an_outcome_head_run_resumes_to_the_same_head(with_head, tmp_path):
@@ -368,7 +419,7 @@ def test_eval_web_scores_the_outcome_of_the_lm_and_of_the_head_on_pages_the_head
     result = run_web_eval(config)
     head = OutcomeHead(world_model / OUTCOME_DIR)
     records, _ = load_web_data(held_out)
-    by_hand = outcome_metrics(head.model, outcome_examples(records, head.tokenizer, head.max_tokens),
+    by_hand = outcome_metrics(head.model, outcome_examples(records, head.tokenizer, head.max_tokens, True),
                               head.tokenizer.pad_token_id)  # fmt: skip
     assert result["head_outcome_accuracy"] == pytest.approx(by_hand["outcome_accuracy"])
     assert result["enter-text_head_outcome_accuracy"] == pytest.approx(by_hand["enter-text/outcome_accuracy"])

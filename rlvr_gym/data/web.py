@@ -115,6 +115,19 @@ def episodes_of(manifest: dict) -> dict[str, list[int]]:
     return {task: list(entry["seeds"]) for task, entry in manifest["tasks"].items()}
 
 
+def earlier_actions(records: Sequence[dict]) -> list[list[str]]:
+    """For each record, the actions its episode (task, seed) took before it, in step order; a dataset holds each
+    episode once, so its steps must not repeat."""
+    steps: dict[tuple[str, int], dict[int, str]] = {}
+    for record in records:
+        episode = steps.setdefault((record["task"], record["seed"]), {})
+        if record["step"] in episode:
+            raise ValueError(f"{record['task']} seed {record['seed']} holds step {record['step']} twice: a dataset "
+                             "records each episode once")  # fmt: skip
+        episode[record["step"]] = record["action"]
+    return [[a for s, a in sorted(steps[(r["task"], r["seed"])].items()) if s < r["step"]] for r in records]
+
+
 def load_train_and_eval(
     data: Sequence[str], eval_data: str, model_pages: bool = False
 ) -> tuple[list[dict], list[tuple[str, dict]], list[dict], dict | None]:

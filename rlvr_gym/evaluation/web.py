@@ -34,6 +34,7 @@ from envs.web import TASKS
 from rlvr_gym.data.web import (
     TRAINING_RECORD,
     check_real_pages,
+    earlier_actions,
     encode_prompts,
     load_web_data,
     read_training_record,
@@ -74,7 +75,7 @@ def outcome_accuracies(checkpoint: str | os.PathLike, completions: Sequence[str]
     if head_dir.exists():
         head = OutcomeHead(head_dir)
         predicted = head.predict_each([r["utterance"] for r in records], [r["tree_before"] for r in records],
-                                      [r["action"] for r in records])  # fmt: skip
+                                      [r["action"] for r in records], earlier_actions(records))  # fmt: skip
         right["head"] = [p.label == CLASSES[y] for p, y in zip(predicted, labels)]
     out = {}
     for name, hits in right.items():

@@ -55,7 +55,14 @@ class OutcomeSize:
 
 
 class OutcomeModelConfig(LlamaConfig):
+    """A Llama's config with `reads_typed`: whether the head reads the episode's earlier type actions (heads saved
+    before it existed do not)."""
+
     model_type = "rlvr_web_outcome"
+
+    def __init__(self, reads_typed: bool = False, **kwargs):
+        self.reads_typed = reads_typed
+        super().__init__(**kwargs)
 
 
 # Known to AutoConfig, so that AutoTokenizer, which reads the head's config.json, does not warn about its type.
@@ -86,8 +93,10 @@ class OutcomeModel(PreTrainedModel):
         return self.score(hidden[torch.arange(len(last), device=hidden.device), last])
 
 
-def build_outcome_model(tokenizer: PreTrainedTokenizerBase, size: OutcomeSize) -> OutcomeModel:
+def build_outcome_model(tokenizer: PreTrainedTokenizerBase, size: OutcomeSize, reads_typed: bool = True
+                        ) -> OutcomeModel:  # fmt: skip
     config = OutcomeModelConfig(
+        reads_typed=reads_typed,
         vocab_size=len(tokenizer), hidden_size=size.hidden_size, intermediate_size=size.intermediate_size,
         num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.heads,
         max_position_embeddings=size.max_tokens, pad_token_id=tokenizer.pad_token_id,
@@ -109,17 +118,41 @@ def element_line(tree: str, action: str) -> str:
     return ""
 
 
-def outcome_tail(utterance: str, tree: str, action: str) -> tuple[str, str]:
-    """The two lines read after the page: the task, then the action and the line of the element it names."""
-    return f"\nTask: {utterance}", f"\nAction: {action}\nElement: {element_line(tree, action)}"
+MAX_TYPED = 4
+"""Earlier type actions a head that reads them sees (the latest), enough for the longest form (book-flight's 3)."""
+
+
+def typed_line(earlier: Sequence[str]) -> str:
+    """The episode's earlier type actions as one line: what was typed where, which the page does not always show
+    (a password box reads '••••')."""
+    typed = []
+    for action in earlier:
+        try:
+            kind, node_id, text = parse_action(action)
+        except InvalidAction:
+            continue
+        if kind == "type":
+            typed.append(f'[{node_id}] "{text}"')
+    return "\nTyped: " + " ".join(typed[-MAX_TYPED:])
+
+
+def outcome_tail(utterance: str, tree: str, action: str, earlier: Sequence[str] | None = None) -> tuple[str, str]:
+    """The two parts read after the page: the task line, then (for a head that reads them, `earlier` given) the
+    episode's earlier type actions, the action, and the line of the element it names."""
+    typed = typed_line(earlier) if earlier is not None else ""
+    return f"\nTask: {utterance}", f"{typed}\nAction: {action}\nElement: {element_line(tree, action)}"
 
 
 def encode_outcome_inputs(tokenizer: PreTrainedTokenizerBase, utterances: Sequence[str], trees: Sequence[str],
-                          actions: Sequence[str], max_tokens: int) -> list[tuple[list[int], list[int]]]:  # fmt: skip
+                          actions: Sequence[str], max_tokens: int, earlier: Sequence[Sequence[str]] | None = None
+                          ) -> list[tuple[list[int], list[int]]]:  # fmt: skip
     """Each example's token ids (bos, the tree cut to fit, then the task and action lines whole) and its match
-    flags (1 where a token of the page or of the action lines also occurs in the task line)."""
+    flags (1 where a token of the page or of the action lines also occurs in the task line). `earlier`: each
+    example's earlier actions in its episode, for a head that reads them (`reads_typed`); None for one that does
+    not."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    tails = [outcome_tail(u, t, a) for u, t, a in zip(utterances, trees, actions)]
+    earlier = earlier if earlier is not None else [None] * len(actions)
+    tails = [outcome_tail(u, t, a, e) for u, t, a, e in zip(utterances, trees, actions, earlier)]
     # The simulator asks about many actions on one page: each distinct page is tokenized once.
     distinct = list(dict.fromkeys(trees))
     page_ids = dict(zip(distinct, tokenizer(distinct, add_special_tokens=False)["input_ids"]))
@@ -197,15 +230,26 @@ class OutcomeHead:
         self.max_tokens = self.model.config.max_position_embeddings
         self.batch_size = batch_size
 
-    @torch.no_grad()
-    def predict(self, utterance: str, tree: str, actions: Sequence[str]) -> list[Outcome]:
-        """The outcome of each action on one page."""
-        return self.predict_each([utterance] * len(actions), [tree] * len(actions), actions)
+    @property
+    def reads_typed(self) -> bool:
+        return bool(getattr(self.model.config, "reads_typed", False))
 
     @torch.no_grad()
-    def predict_each(self, utterances: Sequence[str], trees: Sequence[str], actions: Sequence[str]) -> list[Outcome]:
-        """The outcome of each (utterance, tree, action), in batches."""
-        ids = encode_outcome_inputs(self.tokenizer, utterances, trees, actions, self.max_tokens)
+    def predict(self, utterance: str, tree: str, actions: Sequence[str], earlier: Sequence[str] = ()
+                ) -> list[Outcome]:  # fmt: skip
+        """The outcome of each action on one page, after the episode's `earlier` actions."""
+        n = len(actions)
+        return self.predict_each([utterance] * n, [tree] * n, actions, [earlier] * n)
+
+    @torch.no_grad()
+    def predict_each(self, utterances: Sequence[str], trees: Sequence[str], actions: Sequence[str],
+                     earlier: Sequence[Sequence[str]] | None = None) -> list[Outcome]:  # fmt: skip
+        """The outcome of each (utterance, tree, action, the episode's earlier actions), in batches. A head that
+        reads the earlier type actions needs `earlier`; one that does not ignores it."""
+        if self.reads_typed and earlier is None:
+            raise ValueError("this outcome head reads the episode's earlier type actions: pass `earlier`")
+        earlier = earlier if self.reads_typed else None
+        ids = encode_outcome_inputs(self.tokenizer, utterances, trees, actions, self.max_tokens, earlier)
         out: list[Outcome] = []
         for start in range(0, len(ids), self.batch_size):
             out += outcomes_of(self.model(**pad_batch(ids[start : start + self.batch_size], self.tokenizer.pad_token_id,

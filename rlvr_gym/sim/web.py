@@ -214,16 +214,20 @@ class WebWorldModel:
                 "lower max_new_tokens"
             )
 
-    def predict(self, utterance: str, tree: str, actions: Sequence[str], seed: int = 0) -> list[Prediction]:
-        """One prediction per action on one page: see `predict_each`."""
-        return self.predict_each([utterance] * len(actions), [tree] * len(actions), actions, seed)
+    def predict(self, utterance: str, tree: str, actions: Sequence[str], seed: int = 0, earlier: Sequence[str] = ()
+                ) -> list[Prediction]:  # fmt: skip
+        """One prediction per action on one page, after the episode's `earlier` actions: see `predict_each`."""
+        n = len(actions)
+        return self.predict_each([utterance] * n, [tree] * n, actions, seed, [earlier] * n)
 
     @torch.no_grad()
-    def predict_each(self, utterances: Sequence[str], trees: Sequence[str], actions: Sequence[str],
-                     seed: int = 0) -> list[Prediction]:  # fmt: skip
+    def predict_each(self, utterances: Sequence[str], trees: Sequence[str], actions: Sequence[str], seed: int = 0,
+                     earlier: Sequence[Sequence[str]] | None = None) -> list[Prediction]:  # fmt: skip
         """One prediction per (utterance, tree, action): the page from the LM, the reward and done from the outcome
-        head when there is one. An action `check_action` refuses, a prompt longer than the model's context, and a
-        completion that does not parse give an error instead."""
+        head when there is one. `earlier`: each one's episode's actions before it (none when not given), which a
+        head that reads typed text needs. An action `check_action` refuses, a prompt longer than the model's
+        context, and a completion that does not parse give an error instead."""
+        earlier = earlier if earlier is not None else [()] * len(actions)
         out: list[Prediction | None] = []
         for action, tree in zip(actions, trees):
             error = check_action(action, tree)
@@ -243,7 +247,7 @@ class WebWorldModel:
                                        self.max_new_tokens, temperature=self.temperature, seed=seed)  # fmt: skip
             rows = [i for i, _ in fits]
             heads = (self.outcome.predict_each([utterances[i] for i in rows], [trees[i] for i in rows],
-                                               [actions[i] for i in rows])
+                                               [actions[i] for i in rows], [earlier[i] for i in rows])
                      if self.outcome is not None else [None] * len(fits))  # fmt: skip
             for i, (text,), head in zip(rows, completions, heads):
                 out[i] = self._outcome(actions[i], utterances[i], trees[i], text, head)
@@ -361,6 +365,8 @@ class WebWorldEnv(gym.Env):
         self.page: StartPage | None = None
         self.tree = ""
         self.steps = 0
+        self.taken: list[str] = []
+        """The episode's actions the model has predicted (refused ones left out: they change nothing)."""
         self._sample_seed = 0
         self._over = True
 
@@ -377,6 +383,7 @@ class WebWorldEnv(gym.Env):
         self.page = self.pages[int(index)]
         self.tree = self.page.tree
         self.steps = 0
+        self.taken = []
         self._over = False
         return self._observation(), self._info(None)
 
@@ -389,8 +396,9 @@ class WebWorldEnv(gym.Env):
         if refused is not None:
             return self.step_refused(refused)
         seed = self._sample_seed + self.steps
-        prediction = self.world.predict(self.page.utterance, self.tree, [action], seed)[0]
+        prediction = self.world.predict(self.page.utterance, self.tree, [action], seed, self.taken)[0]
         self.steps += 1
+        self.taken.append(action)
         self.tree = prediction.tree
         reward, terminated, truncated = step_outcome(prediction, self.steps, self.max_steps)
         self._over = terminated or truncated

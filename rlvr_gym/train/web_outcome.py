@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlvr_gym.data.web import load_train_and_eval, write_training_record
+from rlvr_gym.data.web import earlier_actions, load_train_and_eval, write_training_record
 from rlvr_gym.models.lm import load_tokenizer, parameter_count, resolve_checkpoint
 from rlvr_gym.models.web_outcome import (
     CLASSES,
@@ -71,6 +71,8 @@ class OutcomeConfig(RUN.RunConfig):
     """Weight of the squared error of the regressed reward (episodes that end without the task done)."""
     size: OutcomeSize = field(default_factory=OutcomeSize)
     """The classifier's shape (from scratch: --model is a checkpoint to continue from instead)."""
+    reads_typed: bool = True
+    """The head also reads the episode's earlier type actions (what a password box hides); from scratch only."""
     save_every: int = 200
     eval_every: int = 200
 
@@ -84,9 +86,10 @@ class Examples:
     tasks: list[str]
 
 
-def outcome_examples(records: Sequence[dict], tokenizer, max_tokens: int) -> Examples:
+def outcome_examples(records: Sequence[dict], tokenizer, max_tokens: int, reads_typed: bool) -> Examples:
+    earlier = earlier_actions(records) if reads_typed else None
     inputs = encode_outcome_inputs(tokenizer, [r["utterance"] for r in records], [r["tree_before"] for r in records],
-                                   [r["action"] for r in records], max_tokens)  # fmt: skip
+                                   [r["action"] for r in records], max_tokens, earlier)  # fmt: skip
     labels = np.array([outcome_label(r["reward"], r["done"]) for r in records])
     rewards = np.array([float(r["reward"]) for r in records], dtype=np.float32)
     return Examples(inputs, labels, rewards, [r["task"] for r in records])
@@ -158,7 +161,7 @@ def train_web_outcome(config: OutcomeConfig) -> Path:
         init = run_dir / "init"
         if d.is_main and not (init / "config.json").is_file():
             torch.manual_seed(config.seed)
-            model = build_outcome_model(tokenizer, config.size)
+            model = build_outcome_model(tokenizer, config.size, config.reads_typed)
             log.info("outcome head: %.2fM parameters", parameter_count(model) / 1e6)
             model.save_pretrained(init)
             tokenizer.save_pretrained(init)
@@ -166,8 +169,9 @@ def train_web_outcome(config: OutcomeConfig) -> Path:
         config = OutcomeConfig(**{**vars(config), "model": str(init)})
     run = RUN.Run(config, "web outcome", load=lambda path: (OutcomeHead(path).model.train(), load_tokenizer(path)))
     max_tokens = run.model.config.max_position_embeddings
-    examples = outcome_examples(train, tokenizer, max_tokens)
-    held = outcome_examples(held_out, tokenizer, max_tokens) if held_out else None
+    reads_typed = bool(getattr(run.model.config, "reads_typed", False))
+    examples = outcome_examples(train, tokenizer, max_tokens, reads_typed)
+    held = outcome_examples(held_out, tokenizer, max_tokens, reads_typed) if held_out else None
     weights = task_balanced_weights(examples.tasks)
     counts = np.bincount(examples.labels, minlength=len(CLASSES))
     log.info("%d training transitions (%s), %d tasks", len(examples.inputs),
