@@ -251,8 +251,9 @@ HEAD = OutcomeSize(hidden_size=32, layers=1, heads=2, intermediate_size=64, max_
 
 
 def outcome_config(run_dir, world_model, data, **kw) -> OutcomeConfig:
+    # A head that reads the typed text: the older inputs are tested by switching it off (shipped web-outcome's).
     settings = dict(run_dir=str(run_dir), world_model=str(world_model), data=(str(data),), steps=40, lr=1e-2,
-                    warmup_steps=5, batch_size=16, save_every=20, eval_every=0, size=HEAD)  # fmt: skip
+                    warmup_steps=5, batch_size=16, save_every=20, eval_every=0, size=HEAD, reads_typed=True)  # fmt: skip
     return OutcomeConfig(**{**settings, **kw})
 
 

@@ -7,7 +7,8 @@ outcome each left it at chance). DIAMOND learns reward and termination with a se
 classifier over (page, task, action), trained with cross-entropy on real outcomes only. It reads the page first and
 ends on the task, the action and the line of the element the action names, so the comparison the outcome turns on
 sits beside the position the class is read from; tokens that also occur in the task line are flagged
-(`OutcomeModel`: DrQA's exact-match feature).
+(`OutcomeModel`: DrQA's exact-match feature). A head with `reads_typed` also reads, before the action, what the
+episode typed where: a password box shows only bullets, so the page alone cannot say whether Login succeeds.
 
 A web checkpoint that has it holds it in CHECKPOINT/outcome/ (a Hugging Face model, `OutcomeModel`, and the LM's
 tokenizer); `rlvr_gym.sim.web.WebWorldModel` then takes the reward and done from it, and the page from the
@@ -93,7 +94,7 @@ class OutcomeModel(PreTrainedModel):
         return self.score(hidden[torch.arange(len(last), device=hidden.device), last])
 
 
-def build_outcome_model(tokenizer: PreTrainedTokenizerBase, size: OutcomeSize, reads_typed: bool = True
+def build_outcome_model(tokenizer: PreTrainedTokenizerBase, size: OutcomeSize, reads_typed: bool = False
                         ) -> OutcomeModel:  # fmt: skip
     config = OutcomeModelConfig(
         reads_typed=reads_typed,

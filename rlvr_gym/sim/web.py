@@ -308,7 +308,8 @@ class WebWorldEnv(gym.Env):
     The predicted MiniWoB raw reward, clipped to [-1, 1] (the real env's range: 1 success, -1 failure, 0 before
     the end), paid only on the step the model predicts `Done: yes`: as in the real env, an episode that goes on
     pays nothing. Reward and done come from the checkpoint's outcome head when it has one (`outcome/`: a classifier
-    trained on real outcomes alone, `rlvr-gym train web-outcome`), otherwise from the LM's completion.
+    trained on real outcomes alone, `rlvr-gym train web-outcome`; one trained with `--reads-typed` also reads what the
+    episode has typed where, which a password box hides), otherwise from the LM's completion.
 
     ## Starting State
     A real page from the checkpoint's `web_start_pages.json`, drawn with `np_random` (only `task`'s pages when

@@ -71,8 +71,10 @@ class OutcomeConfig(RUN.RunConfig):
     """Weight of the squared error of the regressed reward (episodes that end without the task done)."""
     size: OutcomeSize = field(default_factory=OutcomeSize)
     """The classifier's shape (from scratch: --model is a checkpoint to continue from instead)."""
-    reads_typed: bool = True
-    """The head also reads the episode's earlier type actions (what a password box hides); from scratch only."""
+    reads_typed: bool = False
+    """The head also reads the episode's earlier type actions (what a password box hides); from scratch only. Off
+    for web-outcome: its data holds 1 login with the two texts swapped among 204 Login clicks, and a head that read
+    them paid such logins (the card's Limits)."""
     save_every: int = 200
     eval_every: int = 200
 
