@@ -253,7 +253,8 @@ HEAD = OutcomeSize(hidden_size=32, layers=1, heads=2, intermediate_size=64, max_
 def outcome_config(run_dir, world_model, data, **kw) -> OutcomeConfig:
     # A head that reads the typed text: the older inputs are tested by switching it off (shipped web-outcome's).
     settings = dict(run_dir=str(run_dir), world_model=str(world_model), data=(str(data),), steps=40, lr=1e-2,
-                    warmup_steps=5, batch_size=16, save_every=20, eval_every=0, size=HEAD, reads_typed=True)  # fmt: skip
+                    warmup_steps=5, batch_size=16, save_every=20, eval_every=0, size=HEAD,
+                    reads_typed=True)  # fmt: skip
     return OutcomeConfig(**{**settings, **kw})
 
 
@@ -321,7 +322,8 @@ def test_the_env_takes_reward_and_done_from_the_outcome_head(with_head, tmp_path
             assert info["error"] is None
             target, _ = parse_target(info["prediction"])
             outcome = head.predict(utterance, tree, [action], earlier)[0]
-            done, paid = (outcome.done, outcome.reward) if use_head else (target["done"], np.clip(target["reward"], -1, 1))
+            paid_by_lm = (target["done"], np.clip(target["reward"], -1, 1))
+            done, paid = (outcome.done, outcome.reward) if use_head else paid_by_lm
             assert (terminated, reward) == (done, paid if done else 0.0)
             earlier.append(action)
             if terminated or truncated:
