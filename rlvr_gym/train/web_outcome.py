@@ -73,8 +73,8 @@ class OutcomeConfig(RUN.RunConfig):
     """The classifier's shape (from scratch: --model is a checkpoint to continue from instead)."""
     reads_typed: bool = False
     """The head also reads the episode's earlier type actions (what a password box hides); from scratch only. Off
-    for web-outcome: its data holds 1 login with the two texts swapped among 204 Login clicks, and a head that read
-    them paid such logins (the card's Limits)."""
+    for web-outcome: trained on its data (1 login with the two texts swapped among 204 Login clicks), such a head
+    plans better but pays swapped logins and random play more (the card's Limits)."""
     save_every: int = 200
     eval_every: int = 200
 
