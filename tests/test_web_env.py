@@ -14,8 +14,10 @@ from envs.web import (
     click,
     parse,
     record_transitions,
+    task_done,
     type_text,
 )
+from envs.web.solvers import quoted_strings
 from rlvr_gym.domains.web import apply_diff, make_diff
 
 pytestmark = pytest.mark.skipif(not browser_available(), reason="needs Debian's chromium and chromium-driver (make browser)")
@@ -158,3 +160,16 @@ def test_trivial_policies_record_what_the_real_page_pays_a_wrong_move(env):
     assert all(r["done"] and r["reward"] == -1.0 for r in rows)
     with pytest.raises(ValueError, match="unknown trivial policy"):
         list(record_transitions(["choose-date"], episodes=1, skill_mix=("win",), env=env))
+
+
+def test_fill_swapped_records_a_login_with_each_text_in_the_others_box_which_the_real_page_fails(env):
+    rows = list(record_transitions(["login-user", "enter-text"], episodes=2, seed=24, skill_mix=("fill-swapped",),
+                                   env=env))  # fmt: skip
+    assert {r["task"] for r in rows} == {"login-user"}  # enter-text has one field: nothing to swap, nothing recorded
+    for seed in (24, 25):
+        steps = [r for r in rows if r["seed"] == seed]
+        user, password = (n.id for n in parse(steps[0]["tree_before"]) if n.role == "textbox")
+        username, secret = quoted_strings(steps[0]["utterance"])
+        assert [r["action"] for r in steps[:2]] == [f'type [{user}] "{secret}"', f'type [{password}] "{username}"']
+        assert steps[2]["action"].startswith("click") and len(steps) == 3
+        assert steps[2]["done"] and not task_done(steps[2]["reward"])

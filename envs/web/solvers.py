@@ -37,6 +37,10 @@ CLICK_ROLES = frozenset({
     "listitem", "image", "StaticText", "cell", "gridcell", "switch", "treeitem", "heading",
 })  # fmt: skip
 TRIVIAL_POLICIES = ("click-last-button", "submit-with-nothing-filled", "first-candidate", "uniform-random")
+MISTAKE_POLICIES = ("fill-swapped",)
+"""Moves recorded so that a world model sees what a form filled the wrong way round is paid (`collect web
+--policies`); the probe does not run them. login-user's password box shows only bullets, so the page alone does not
+show such a login."""
 MONTHS = tuple(calendar.month_name)[1:]
 _QUOTED = re.compile(r'"([^"]+)"')
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "okay", "submit", "2016", "Anvik", "hello")
@@ -119,7 +123,25 @@ def trivial_policy(name: str, seed: int = 0) -> TrivialPolicy:
     if name == "uniform-random":
         rng = random.Random(seed)
         return lambda utterance, tree: rng.choice(candidate_actions(utterance, tree) or [None])
-    raise ValueError(f"unknown trivial policy {name!r}: choose from {', '.join(TRIVIAL_POLICIES)}")
+    if name == "fill-swapped":
+        return fill_swapped
+    raise ValueError(f"unknown trivial policy {name!r}: choose from {', '.join(TRIVIAL_POLICIES + MISTAKE_POLICIES)}")
+
+
+def fill_swapped(utterance: str, tree: str) -> str | None:
+    """The task's quoted texts typed each into another visible text field (field i gets text i + 1, rotating), one
+    per step, then the last button clicked; None on a page with fewer than two such fields or texts."""
+    texts = quoted_strings(utterance)
+    fields = [n for n in parse(tree) if n.role in TEXT_FIELD_ROLES and not n.hidden]
+    n = min(len(fields), len(texts))
+    if n < 2:
+        return None
+    for i, field in enumerate(fields[:n]):
+        text = texts[(i + 1) % n]
+        # Chromium shows a password field's value as bullets, one per character.
+        if field.props.get("value", "") not in (text, "\u2022" * len(text)):
+            return type_text(field.id, text)
+    return last_button(tree)
 
 
 def _visible(nodes: list[Node]) -> list[Node]:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from envs.web import TASKS, WebTaskEnv, record_transitions, task_done
 from envs.web.env import BROWSER_ERRORS
-from envs.web.solvers import EXPERTS, TRIVIAL_POLICIES
+from envs.web.solvers import EXPERTS, MISTAKE_POLICIES, TRIVIAL_POLICIES
 from rlvr_gym.data.web import FORMAT, FORMAT_VERSION, MANIFEST, SEEDS_PER_RUN, TRAIN_TASKS, read_manifest
 from rlvr_gym.files import atomic_write_jsonl_gz, atomic_write_text
 from rlvr_gym.logs import configure_logging
@@ -46,7 +46,8 @@ class WebCollectConfig:
     """Trivial policies (`envs.web.solvers.TRIVIAL_POLICIES`: click-last-button, submit-with-nothing-filled,
     first-candidate, uniform-random) taking turns with the skills: episode i plays (skills + policies)[i % len].
     Their real transitions show a world model what the exploit probe's moves are paid; `--skills` with no value
-    leaves only them."""
+    leaves only them. `fill-swapped` (`MISTAKE_POLICIES`) types the task's texts into each other's fields, then
+    submits: login-user filled the wrong way round."""
     max_steps: int = 20
     """Steps per episode at most (truncated after)."""
     workers: int = 2
@@ -143,9 +144,10 @@ def check_collection(tasks: Sequence[str], episodes: int, seed: int, skills: Seq
         raise ValueError(f"unknown or no tasks {unknown}: choose from {', '.join(TASKS)}")
     if len(set(tasks)) != len(tasks):
         raise ValueError(f"tasks repeat: {list(tasks)}; name each task once")
-    unknown_policies = [s for s in skills if isinstance(s, str) and s not in TRIVIAL_POLICIES]
+    known = TRIVIAL_POLICIES + MISTAKE_POLICIES
+    unknown_policies = [s for s in skills if isinstance(s, str) and s not in known]
     if unknown_policies:
-        raise ValueError(f"unknown policies {unknown_policies}: choose from {', '.join(TRIVIAL_POLICIES)}")
+        raise ValueError(f"unknown policies {unknown_policies}: choose from {', '.join(known)}")
     if not skills or not all(isinstance(s, str) or 0.0 <= s <= 1.0 for s in skills):
         raise ValueError(f"skills must be values in [0, 1] (1 = expert), got {list(skills)}; or give --policies")
     if not 1 <= episodes <= SEEDS_PER_RUN:
