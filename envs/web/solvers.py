@@ -14,6 +14,7 @@ policy remembers what it did in the episode: make a new policy, or call `reset`,
 The trivial policies (`trivial_policy`) do not try to do the task: clicking the last button, submitting with nothing
 filled, always the first candidate action, a uniform random candidate. The exploit probe runs them in a learned
 simulator and in the real env, and recording their real transitions shows a world model what a wrong move is paid.
+`fill_swapped` (recorded, not probed) fills a form the wrong way round: each of the task's texts in another field.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ TrivialPolicy = Callable[[str, str], str | None]
 
 
 def trivial_policy(name: str, seed: int = 0) -> TrivialPolicy:
-    """The trivial policy `name` (one of `TRIVIAL_POLICIES`); `seed` seeds uniform-random's draws."""
+    """The trivial policy `name` (one of `TRIVIAL_POLICIES` or `MISTAKE_POLICIES`); `seed` seeds uniform-random's
+    draws."""
     if name == "click-last-button":
         return lambda _utterance, tree: last_button(tree)
     if name == "submit-with-nothing-filled":
