@@ -115,17 +115,28 @@ def episodes_of(manifest: dict) -> dict[str, list[int]]:
     return {task: list(entry["seeds"]) for task, entry in manifest["tasks"].items()}
 
 
-def earlier_actions(records: Sequence[dict]) -> list[list[str]]:
-    """For each record, the actions its episode (task, seed) took before it, in step order; a dataset holds each
-    episode once, so its steps must not repeat."""
-    steps: dict[tuple[str, int], dict[int, str]] = {}
+def episodes(records: Sequence[dict]) -> list[list[dict]]:
+    """Records grouped by episode (task, seed), each in step order; a dataset holds each episode once, so its steps
+    must not repeat."""
+    grouped: dict[tuple[str, int], list[dict]] = {}
     for record in records:
-        episode = steps.setdefault((record["task"], record["seed"]), {})
-        if record["step"] in episode:
-            raise ValueError(f"{record['task']} seed {record['seed']} holds step {record['step']} twice: a dataset "
-                             "records each episode once")  # fmt: skip
-        episode[record["step"]] = record["action"]
-    return [[a for s, a in sorted(steps[(r["task"], r["seed"])].items()) if s < r["step"]] for r in records]
+        grouped.setdefault((record["task"], record["seed"]), []).append(record)
+    out = [sorted(steps, key=lambda r: r["step"]) for steps in grouped.values()]
+    for steps in out:
+        for a, b in zip(steps, steps[1:]):
+            if a["step"] == b["step"]:
+                raise ValueError(f"{a['task']} seed {a['seed']} holds step {a['step']} twice: a dataset records each "
+                                 "episode once")  # fmt: skip
+    return out
+
+
+def earlier_actions(records: Sequence[dict]) -> list[list[str]]:
+    """For each record, the actions its episode took before it, in step order."""
+    before: dict[int, list[str]] = {}
+    for steps in episodes(records):
+        for k, record in enumerate(steps):
+            before[id(record)] = [r["action"] for r in steps[:k]]
+    return [before[id(r)] for r in records]
 
 
 def load_train_and_eval(

@@ -24,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from envs.web import task_done
-from rlvr_gym.data.web import MANIFEST, MODEL_PAGES, load_web_data
+from rlvr_gym.data.web import MANIFEST, MODEL_PAGES, episodes, load_web_data
 from rlvr_gym.data.web_collect import command_line
 from rlvr_gym.files import atomic_write_jsonl_gz, atomic_write_text, path_label
 from rlvr_gym.sim.web import DEFAULT_CHECKPOINT, WebWorldModel
@@ -45,14 +45,6 @@ class ReplayConfig:
     max_new_tokens: int = 768
     """Tokens a predicted diff may take, as the env's `max_new_tokens`."""
     overwrite: bool = False
-
-
-def episodes(records: list[dict]) -> list[list[dict]]:
-    """Records grouped by (task, seed), each episode in step order."""
-    grouped: dict[tuple[str, int], list[dict]] = {}
-    for record in records:
-        grouped.setdefault((record["task"], record["seed"]), []).append(record)
-    return [sorted(steps, key=lambda r: r["step"]) for steps in grouped.values()]
 
 
 def replay_web(config: ReplayConfig) -> Path:
