@@ -107,13 +107,14 @@ def make_sim_env(
     frame_size: int = DEFAULT_FRAME_SIZE,
     temperature: float = 0.0,
     shaping: float = 0.0,
+    precision: str = "float32",
 ) -> VecEnv:
     """The batched learned simulator as an SB3 VecEnv (episode stats of the sparse reward via VecMonitor), frames at
-    `frame_size`, with `shaping` > 0 the reward shaped by `VecShaped`."""
+    `frame_size`, with `shaping` > 0 the reward shaped by `VecShaped`, the world model in `precision`."""
     if shaping < 0:
         raise ValueError(f"shaping is a weight >= 0, got {shaping}")
     venv = gym.make_vec("RLVRWorld-RT1-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
-                        checkpoint=checkpoint, horizon=horizon, task=task, temperature=temperature)
+                        checkpoint=checkpoint, horizon=horizon, task=task, temperature=temperature, precision=precision)
     monitored = VecMonitor(SB3VecEnv(venv))
     return VecFrames(VecShaped(monitored, shaping) if shaping else monitored, frame_size)
 

@@ -68,6 +68,9 @@ class Args:
     """RT-1: frames are block-averaged to this size (divides 64) before the policy sees them."""
     temperature: float = 0.0
     """RT-1: sampling temperature of the simulator's frames (0: greedy)."""
+    precision: str = "float32"
+    """RT-1: the simulator's weight products, float32 or bfloat16 (about 1.6x the batched env's steps on a CPU with
+    AVX-512 BF16; `python -m bench.rt1_sim` measures speed and fidelity of both)."""
     shaping: float = 0.0
     """RT-1: weight of the shaped reward in the simulator (`agents.robot.VecShaped`: the change in the log-odds of
     success it reports, added to the sparse reward); 0: the sparse reward alone."""
@@ -139,11 +142,11 @@ def build(args: Args) -> tuple[object, Callable[[BaseAlgorithm], dict]]:
         checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
         check_held_out(checkpoint, real_start_states(args.eval_episodes, args.task, first=args.eval_first))
         env = make_sim_env(checkpoint, args.num_envs, args.task, args.horizon, args.frame_size, args.temperature,
-                           args.shaping)
+                           args.shaping, args.precision)
         return env, lambda model: evaluate_in_real(model, args.eval_episodes, args.task, args.horizon,
                                                    first=args.eval_first)
-    if args.shaping or args.eval_first:
-        raise ValueError("--shaping and --eval-first are the tabletop's (RLVRWorld-RT1-v0)")
+    if args.shaping or args.eval_first or args.precision != "float32":
+        raise ValueError("--shaping, --eval-first and --precision are the tabletop's (RLVRWorld-RT1-v0)")
     from agents import textgame
 
     checkpoint = args.checkpoint or textgame.DEFAULT_CHECKPOINT

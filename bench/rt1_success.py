@@ -29,9 +29,9 @@ from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.sim.robot import _Simulator, replay_success_scores
 
 
-def success_agreement(checkpoint: str, episodes: list) -> dict[str, dict[str, float]]:
+def success_agreement(checkpoint: str, episodes: list, precision: str = "float32") -> dict[str, dict[str, float]]:
     """Per task: balanced accuracy, true successes paid, failures paid, episodes and real successes."""
-    sim = _Simulator.load(checkpoint, None, 0.0)
+    sim = _Simulator.load(checkpoint, None, 0.0, precision=precision)
     result = {}
     for task in sorted({e.task for e in episodes}):
         mine = [e for e in episodes if e.task == task]

@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rlvr_gym.models.sampler import LlamaDecoder, SamplingConfig, filter_logits, sample
+from rlvr_gym.models.sampler import LlamaDecoder, SamplingConfig, filter_logits, make_decoder, sample
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9]]
 
@@ -115,3 +115,18 @@ def test_sampled_tokens_follow_the_model_distribution():
     freq = torch.bincount(tokens, minlength=4).float() / len(tokens)
     torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
     assert freq[3] == 0, "a token of probability 0 is never drawn"
+
+
+@pytest.mark.parametrize("make", [tiny_llama, lambda: GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2,
+                                                                                   n_head=2)).eval()],
+                         ids=["llama", "gpt2"])
+def test_bfloat16_products_stay_close_to_float32_and_leave_the_weights(make):
+    torch.manual_seed(0)
+    model = make()
+    full = make_decoder(model, PROMPTS, 16, torch.device("cpu")).prefill()
+    half = make_decoder(model, PROMPTS, 16, torch.device("cpu"), matmul_dtype=torch.bfloat16).prefill()
+    assert half.dtype == torch.float32 and not torch.equal(half, full)  # the products did run in bfloat16
+    torch.testing.assert_close(half, full, atol=0.05, rtol=0.05)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    rollout = sample(model, PROMPTS, SamplingConfig(max_new_tokens=4, temperature=0), matmul_dtype=torch.bfloat16)
+    assert rollout.completion_ids.shape == (3, 4)

@@ -478,3 +478,24 @@ def test_uncertainty_penalty_and_halt_change_reward_and_episode_end_only(tiny_wo
     assert truncated.all() and not terminated.any() and infos["halted"].all() and (rewards == 0).all()
     with pytest.raises(ValueError, match="halt_uncertainty"):
         RT1WorldEnv(checkpoint=tiny_world[0], halt_uncertainty=0.0)
+
+
+def test_bfloat16_precision_is_checked_and_stays_close_to_float32(tiny_world):
+    world_dir, episodes = tiny_world
+    with pytest.raises(ValueError, match="precision must be one of"):
+        RT1WorldEnv(checkpoint=world_dir, precision="int8")
+    full, half = RobotWorldModel.load(world_dir), RobotWorldModel.load(world_dir, precision="bfloat16")
+    assert half.matmul_dtype == torch.bfloat16 and full.matmul_dtype is None
+    assert all(p.dtype == torch.float32 for _, network in half.networks() for p in network.parameters())
+    frames, first = episodes[0].frames[:4], episodes[0].frames[:1]
+    codes = full.encode(frames, first)
+    # The frame networks in bfloat16: nearly the same codes, the same pictures up to rounding.
+    assert (half.encode(frames, first) == codes).mean() > 0.9
+    assert np.abs(half.decode(codes, first).astype(int) - full.decode(codes, first)).mean() < 2
+    # The transformer's products in bfloat16: its success probability moves by rounding only.
+    prompts = [full.prompt([codes[0]], [False], [episodes[0].actions[0]])]
+    np.testing.assert_allclose(half.predict(prompts)[1], full.predict(prompts)[1], atol=0.05)
+    env = RT1WorldEnv(checkpoint=world_dir, horizon=3, precision="bfloat16")
+    check_env(env)
+    frames, _ = rollout(env, seed=3, steps=2)
+    assert all(f.shape == (64, 64, 3) and f.dtype == np.uint8 for f in frames)

@@ -270,13 +270,15 @@ class RT1EvalConfig:
     device: str = "cpu"
     """Where the world model runs: cpu, cuda, cuda:N, or auto (the first GPU if there is one). The metrics are
     computed on the CPU."""
+    precision: str = "float32"
+    """float32 or bfloat16: the world model's weight products (`RobotWorldModel.precision`)."""
     tokens_only: bool = False
     """Score the transformer's own frames, as RLVR-World does and as GRPO trains it: decoded without the motion
     refiner, each frame's generated codes fed back into the prompt (`RobotWorldModel.tokens_only`)."""
 
 
 def run_rt1_eval(config: RT1EvalConfig) -> dict:
-    world = RobotWorldModel.load(config.checkpoint, config.device)
+    world = RobotWorldModel.load(config.checkpoint, config.device, config.precision)
     if config.tokens_only:
         world = world.tokens_only()
     episodes = fresh_episodes(config.episodes, config.seed, config.env_horizon)

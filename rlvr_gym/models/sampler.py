@@ -108,6 +108,7 @@ def sample(
     track_token_ids: Sequence[int] = (),
     allowed_tokens: torch.Tensor | None = None,
     track_logprobs: bool = False,
+    matmul_dtype: torch.dtype | None = None,
 ) -> Rollout:
     """Sample `num_samples` completions for each prompt (token ids).
 
@@ -115,7 +116,9 @@ def sample(
     `track_token_ids` asks for the model's probability of these tokens at every position;
     `track_logprobs` for the log-probability of each token taken (`Rollout.token_logprobs`);
     `allowed_tokens` (max_new_tokens, vocab) bool restricts each completion position to a fixed layout's tokens
-    (e.g. frame codes, then a success flag), so that every sample can be parsed.
+    (e.g. frame codes, then a success flag), so that every sample can be parsed;
+    `matmul_dtype` (e.g. torch.bfloat16) runs the weight matrix products in that type, the rest in the model's own
+    (None: everything in the model's own; see `LlamaDecoder`).
     """
     model = getattr(model, "module", model)  # DDP
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -138,7 +141,7 @@ def sample(
     if allowed_tokens is not None:
         allowed_tokens = allowed_tokens.to(device)  # a layout mask is built on the CPU; the logits may be on a GPU
 
-    decoder = make_decoder(model, prompts, max_len=max(map(len, prompts)) + T, device=device)
+    decoder = make_decoder(model, prompts, max_len=max(map(len, prompts)) + T, device=device, matmul_dtype=matmul_dtype)
     logits = decoder.prefill()
     decoder.repeat(num_samples)
     logits = logits.repeat_interleave(num_samples, 0)
@@ -241,10 +244,11 @@ def _sample(model, tokenizer, prompts, batch_size, max_new_tokens, num_samples, 
     return out
 
 
-def make_decoder(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device):
+def make_decoder(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device,
+                 matmul_dtype: torch.dtype | None = None):
     if LlamaDecoder.supports(model):
-        return LlamaDecoder(model, prompts, max_len, device)
-    return HFDecoder(model, prompts, max_len, device)
+        return LlamaDecoder(model, prompts, max_len, device, matmul_dtype)
+    return HFDecoder(model, prompts, max_len, device, matmul_dtype)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,7 +263,13 @@ def left_pad(prompts: Sequence[Sequence[int]], device: torch.device) -> tuple[to
 
 
 class LlamaDecoder:
-    """Runs a Llama-family Hugging Face model's weights with a preallocated KV cache and few Python ops per step."""
+    """Runs a Llama-family Hugging Face model's weights with a preallocated KV cache and few Python ops per step.
+
+    With a `matmul_dtype` other than the model's, the weight matrices are cast to it once and every product with them
+    runs in it, while the residual stream, the norms, the KV cache and attention stay in the model's own type: on a
+    CPU with AVX-512 BF16 the bfloat16 products run about 4x faster than float32 ones, whereas attention over the
+    cache (memory-bound at decode) runs slower in bfloat16 than in float32 there.
+    """
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
@@ -273,7 +283,8 @@ class LlamaDecoder:
             and not model.training
         )
 
-    def __init__(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device):
+    def __init__(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device,
+                 matmul_dtype: torch.dtype | None = None):
         config = model.config
         self.model = model
         self.layers = model.model.layers
@@ -290,29 +301,38 @@ class LlamaDecoder:
         dtype = model.model.embed_tokens.weight.dtype
         cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=dtype, device=device), positions[None])
         self.cos_table, self.sin_table = cos[0], sin[0]
-        self.weights = [self.fuse(layer) for layer in self.layers]
+        self.matmul_dtype = matmul_dtype or dtype
+        self.weights = [self.fuse(layer, self.matmul_dtype) for layer in self.layers]
+        head = model.lm_head
+        self.head = (head.weight.to(self.matmul_dtype), None if head.bias is None else head.bias.to(self.matmul_dtype))
         shape = (len(self.layers), len(prompts), self.n_kv, max_len, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0
 
     @staticmethod
-    def fuse(layer) -> dict:
+    def fuse(layer, matmul_dtype: torch.dtype) -> dict:
         attn, mlp = layer.self_attn, layer.mlp
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        cast = lambda t: None if t is None else t.to(matmul_dtype)  # noqa: E731
         bias = None
         if attn.q_proj.bias is not None:
             bias = torch.cat([p.bias for p in projections])
         return {
-            "qkv": torch.cat([p.weight for p in projections]),
-            "qkv_bias": bias,
-            "o": attn.o_proj.weight,
-            "o_bias": attn.o_proj.bias,
-            "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-            "down": mlp.down_proj.weight,
+            "qkv": cast(torch.cat([p.weight for p in projections])),
+            "qkv_bias": cast(bias),
+            "o": cast(attn.o_proj.weight),
+            "o_bias": cast(attn.o_proj.bias),
+            "gate_up": cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+            "down": cast(mlp.down_proj.weight),
             "norm1": layer.input_layernorm.weight,
             "norm2": layer.post_attention_layernorm.weight,
         }
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if weight.dtype == x.dtype:
+            return F.linear(x, weight, bias)
+        return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
@@ -338,7 +358,7 @@ class LlamaDecoder:
         gqa = self.n_kv != self.n_heads
         for i, w in enumerate(self.weights):
             h = self.rms_norm(x, w["norm1"])
-            qkv = F.linear(h, w["qkv"], w["qkv_bias"])
+            qkv = self.linear(h, w["qkv"], w["qkv_bias"])
             q, k, v = qkv.split([self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], -1)
             # Queries and keys rotate together: one set of elementwise ops instead of two.
             qk = self.rotate(qkv[..., : (self.n_heads + self.n_kv) * self.head_dim]
@@ -349,11 +369,11 @@ class LlamaDecoder:
             a = F.scaled_dot_product_attention(
                 q, self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end], attn_mask=mask, enable_gqa=gqa
             )
-            x = x + F.linear(a.transpose(1, 2).reshape(B, q_len, -1), w["o"], w["o_bias"])
-            gate, up = F.linear(self.rms_norm(x, w["norm2"]), w["gate_up"]).chunk(2, -1)
-            x = x + F.linear(F.silu(gate) * up, w["down"])
+            x = x + self.linear(a.transpose(1, 2).reshape(B, q_len, -1), w["o"], w["o_bias"])
+            gate, up = self.linear(self.rms_norm(x, w["norm2"]), w["gate_up"]).chunk(2, -1)
+            x = x + self.linear(F.silu(gate) * up, w["down"])
         self.length = end
-        return self.model.lm_head(self.rms_norm(x[:, -1], self.model.model.norm.weight)).float()
+        return self.linear(self.rms_norm(x[:, -1], self.model.model.norm.weight), *self.head).float()
 
     def prefill(self) -> torch.Tensor:
         return self.forward(self.ids)
@@ -377,25 +397,30 @@ class LlamaDecoder:
 
 
 class HFDecoder:
-    """Any causal LM through its own forward with a `DynamicCache` (the general path)."""
+    """Any causal LM through its own forward with a `DynamicCache` (the general path); a `matmul_dtype` other than
+    the model's runs its forward under autocast to that type."""
 
-    def __init__(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device):
+    def __init__(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_len: int, device: torch.device,
+                 matmul_dtype: torch.dtype | None = None):
         from transformers import DynamicCache
 
         self.model = model
+        dtype = next(model.parameters()).dtype
+        self.autocast = torch.autocast(device.type, dtype=matmul_dtype, enabled=matmul_dtype not in (None, dtype))
         self.ids, self.attention_mask = left_pad(prompts, device)
         self.cache = DynamicCache()
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.positions = (self.attention_mask.long().cumsum(1) - 1).clamp(min=0)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self.attention_mask.long(),
-            position_ids=positions,
-            use_cache=True,
-            **{self.cache_arg: self.cache},
-        )
+        with self.autocast:
+            out = self.model(
+                input_ids=ids,
+                attention_mask=self.attention_mask.long(),
+                position_ids=positions,
+                use_cache=True,
+                **{self.cache_arg: self.cache},
+            )
         return out.logits[:, -1].float()
 
     def prefill(self) -> torch.Tensor:

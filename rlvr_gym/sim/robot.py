@@ -117,10 +117,11 @@ class _Simulator:
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, task: str | None, temperature: float,
-             device: str | torch.device = "cpu", guard: Guard | None = None, success_hold: int | None = None) -> _Simulator:
+             device: str | torch.device = "cpu", guard: Guard | None = None, success_hold: int | None = None,
+             precision: str = "float32") -> _Simulator:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        world = RobotWorldModel.load(checkpoint, device)
+        world = RobotWorldModel.load(checkpoint, device, precision)
         if success_hold is not None:  # None: the checkpoint's; the settings check the value
             world.settings = replace(world.settings, success_hold=success_hold)
         states = load_initial_states(RobotWorldModel.resolve(checkpoint))
@@ -558,6 +559,10 @@ class RT1WorldEnv(gym.Env):
     - `success_hold`: consecutive frames the success probability must stay above the threshold (None: the
       checkpoint's `success_hold`, 2 for rt1-rlvr). A success the real env gives persists; many the model invents
       last one frame.
+    - `precision`: "float32" (default) or "bfloat16": the world model's weight products in bfloat16 (`PRECISIONS`
+      in rlvr_gym.models.robot_world_model), faster on a CPU with AVX-512 BF16 or a GPU; its frames and success
+      calls differ slightly from float32's (`python -m bench.rt1_sim` measures both), and batched greedy rollouts
+      no longer equal single ones bit for bit.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
@@ -573,10 +578,11 @@ class RT1WorldEnv(gym.Env):
         uncertainty_penalty: float = 0.0,
         halt_uncertainty: float | None = None,
         success_hold: int | None = None,
+        precision: str = "float32",
     ):
         _check_args(horizon, render_mode, self.metadata["render_modes"])
         self.sim = _Simulator.load(checkpoint, task, temperature, device, Guard(uncertainty_penalty, halt_uncertainty),
-                                   success_hold)
+                                   success_hold, precision)
         self.horizon = horizon
         self.task = task
         self.temperature = temperature
@@ -653,6 +659,7 @@ class RT1WorldVectorEnv(VectorEnv):
         uncertainty_penalty: float = 0.0,
         halt_uncertainty: float | None = None,
         success_hold: int | None = None,
+        precision: str = "float32",
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -660,7 +667,7 @@ class RT1WorldVectorEnv(VectorEnv):
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
         self.sim = _Simulator.load(checkpoint, task, temperature, device, Guard(uncertainty_penalty, halt_uncertainty),
-                                   success_hold)
+                                   success_hold, precision)
         self.num_envs = num_envs
         self.horizon = horizon
         self.task = task
