@@ -69,7 +69,7 @@ class Args:
     temperature: float = 0.0
     """RT-1: sampling temperature of the simulator's frames (0: greedy)."""
     precision: str = "float32"
-    """RT-1: the simulator's weight products, float32 or bfloat16 (about 1.6x the batched env's steps on a CPU with
+    """RT-1: the simulator's weight products, float32 or bfloat16 (about 1.7x the batched env's steps on a CPU with
     AVX-512 BF16; `python -m bench.rt1_sim` measures speed and fidelity of both)."""
     shaping: float = 0.0
     """RT-1: weight of the shaped reward in the simulator (`agents.robot.VecShaped`: the change in the log-odds of
