@@ -495,7 +495,7 @@ def test_bfloat16_precision_is_checked_and_stays_close_to_float32(tiny_world):
     # The transformer's products in bfloat16: its success probability moves by rounding only.
     prompts = [full.prompt([codes[0]], [False], [episodes[0].actions[0]])]
     np.testing.assert_allclose(half.predict(prompts)[1], full.predict(prompts)[1], atol=0.05)
-    env = RT1WorldEnv(checkpoint=world_dir, horizon=3, precision="bfloat16")
+    env = gym.make(ENV_ID, checkpoint=world_dir, horizon=3, precision="bfloat16").unwrapped
     check_env(env)
     frames, _ = rollout(env, seed=3, steps=2)
     assert all(f.shape == (64, 64, 3) and f.dtype == np.uint8 for f in frames)
