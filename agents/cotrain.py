@@ -111,6 +111,9 @@ class CoTrainConfig:
     """Steps per episode, real and learned; 0: the env's default (50 tabletop, 30 text)."""
     frame_size: int = DEFAULT_FRAME_SIZE
     """RT-1: side of the block-averaged frames the agent sees."""
+    precision: str = "float32"
+    """RT-1: the learned simulator the agent trains and is checked in runs its weight products in float32 or bfloat16
+    (`RLVRWorld-RT1-v0`'s `precision`; `python -m bench.rt1_sim` measures both). Refits train in float32."""
     replay: str = ""
     """The world model's own training data, mixed into every MLE refit: an episode directory (RT-1) or a
     ByteSized32-format JSONL(.gz) of transitions (text); empty: agent data only."""
@@ -294,7 +297,7 @@ def make_sim_env(config: CoTrainConfig, world: str):
         from agents.robot import make_sim_env as make_rt1_env
 
         return make_rt1_env(world, config.num_envs, config.task, config.steps_per_episode, config.frame_size,
-                            shaping=config.shaping)
+                            shaping=config.shaping, precision=config.precision)
     from rlvr_gym.sim.sb3 import SB3VecEnv
     from rlvr_gym.sim.textgame import TextGameDiscreteVectorEnv
 
@@ -522,7 +525,7 @@ def learned_success_rt1(agent: BaseAlgorithm, world: str, config: CoTrainConfig,
     from rlvr_gym.sim.robot import RT1WorldVectorEnv
 
     venv = RT1WorldVectorEnv(num_envs=min(episodes, config.num_envs), checkpoint=world, horizon=config.steps_per_episode,
-                             task=config.task, autoreset_mode=AutoresetMode.DISABLED)
+                             task=config.task, autoreset_mode=AutoresetMode.DISABLED, precision=config.precision)
     rows = venv.sim.add_starts(real_initial_states(real_start_states(episodes, config.task, first=first)))
     actor = sb3_actor(agent)
     jobs = [Job(int(row), actor=actor) for row in rows]
@@ -804,9 +807,14 @@ def check_config(config: CoTrainConfig) -> None:
         raise ValueError(f"--algo {config.algo} does not fit {config.env}: use one of {ALGOS[config.env]}")
     if config.env == RT1_ENV:
         from envs.robot import TASKS
+        from rlvr_gym.models.robot_world_model import PRECISIONS
 
         if config.task not in TASKS:
             raise ValueError(f"unknown task {config.task!r}: use one of {TASKS}")
+        if config.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {PRECISIONS}, got {config.precision!r}")
+    elif config.precision != "float32":
+        raise ValueError("--precision is the tabletop simulator's (RLVRWorld-RT1-v0)")
     for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "n_steps", "calibration_replay"):
         least = 0 if name == "real_steps" and config.score_data else 1  # with score_data the scorings are data
         if getattr(config, name) < least:

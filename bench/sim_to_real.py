@@ -207,6 +207,8 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
                      *(() if arm.startswith("real") else ("score_data",)))
         key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
                "world": world_fingerprint(config)}
+        if config.precision == "float32":  # curves from before the setting existed keep their keys
+            del key["precision"]
         if arm == "frozen" and config.pretrain_steps:  # its first point; curves without one keep their old keys
             key["pretrain_steps"] = config.pretrain_steps
     return {**key, **extra}
@@ -296,6 +298,8 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=8)
     parser.add_argument("--mle-steps", type=int, default=60)
     parser.add_argument("--grpo-steps", type=int, default=10)
+    parser.add_argument("--precision", default="float32", choices=("float32", "bfloat16"),
+                        help="tabletop: the learned simulators' weight products (`CoTrainConfig.precision`)")
     parser.add_argument("--shaping", type=float, default=0.0,
                         help="tabletop: weight of the shaped reward in the learned sim (`CoTrainConfig.shaping`)")
     parser.add_argument("--replay", default="", help="episodes mixed into every tabletop refit (`rlvr-gym collect rt1`)")
@@ -331,7 +335,7 @@ def main() -> None:
                       "real_updates": args.real_updates, "win_share": args.win_share,
                       "surprise_on": args.surprise_on, "score_data": args.score_data} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
-                                        "replay": args.replay, "shaping": args.shaping,
+                                        "replay": args.replay, "shaping": args.shaping, "precision": args.precision,
                                         "real_updates": args.real_updates, "score_data": args.score_data}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps
             label = arm_label(task, args)

@@ -5,7 +5,9 @@ import json
 import shutil
 from dataclasses import asdict, replace
 
-from agents.cotrain import TEXT_ENV, CoTrainConfig
+import pytest
+
+from agents.cotrain import TEXT_ENV, CoTrainConfig, check_config
 from bench.sim_to_real import arm_key, arm_label, cached, loop_dir
 
 
@@ -20,6 +22,10 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
     assert arm_key(config, "real-1x", budget=100) != arm_key(config, "real-1x", budget=200)
     # The frozen arm trains in the world model: a new threshold or hold in the same directory is a new curve.
     frozen = arm_key(config, "frozen")
+    # So does the simulator's precision; a float32 curve keeps the key it had before the setting existed.
+    half = replace(config, precision="bfloat16")
+    assert arm_key(half, "frozen") == {**frozen, "precision": "bfloat16"} and "precision" not in frozen
+    assert arm_key(half, "real-1x", budget=100) == arm_key(config, "real-1x", budget=100)
     assert frozen != arm_key(loop_only, "frozen")
     (tmp_path / "world_model.json").write_text(json.dumps({"settings": {"success_hold": 2}}))
     assert arm_key(config, "frozen") != frozen
@@ -178,3 +184,11 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     checked = report.split("every point scored again on 32 episodes (final check): ")[1]
     assert checked.startswith("the loop ends at 0.50 ± 0.00 real success against 0.50 ± 0.00")
     assert "its mean curve reaches it at 950 real steps, 1.6x fewer than the real env's 1500" in checked
+
+
+def test_the_loop_takes_a_precision_for_the_tabletop_simulator_only():
+    check_config(CoTrainConfig(task="close_drawer", precision="bfloat16"))
+    with pytest.raises(ValueError, match="--precision must be one of"):
+        check_config(CoTrainConfig(task="close_drawer", precision="float16"))
+    with pytest.raises(ValueError, match="--precision is the tabletop"):
+        check_config(CoTrainConfig(env=TEXT_ENV, algo="dqn", precision="bfloat16"))
