@@ -118,10 +118,10 @@ def time_steps(env, steps: int, batched: bool, repeats: int = 3) -> float:
 
 def speed(checkpoint: str, precision: str, num_envs: int, steps: int, device: str) -> dict:
     """Batched and sequential env steps per second in one precision, against its bound."""
-    world = RobotWorldModel.load(checkpoint, device, precision)
     horizon = 10_000  # no truncation inside the timed steps
     vector = gym.make_vec("RLVRWorld-RT1-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
                           checkpoint=checkpoint, horizon=horizon, device=device, precision=precision)
+    world = vector.sim.world
     single = gym.make("RLVRWorld-RT1-v0", checkpoint=checkpoint, horizon=horizon, device=device, precision=precision)
     # Every step hands its frames back as numpy arrays, which waits for the device: the timings need no sync.
     batched_rate = num_envs * steps / time_steps(vector, steps, batched=True)

@@ -140,10 +140,14 @@ def fill_swapped(utterance: str, tree: str) -> str | None:
         return None
     for i, field in enumerate(fields[:n]):
         text = texts[(i + 1) % n]
-        # Chromium shows a password field's value as bullets, one per character.
-        if field.props.get("value", "") not in (text, "\u2022" * len(text)):
+        if not shows_text(field, text):
             return type_text(field.id, text)
     return last_button(tree)
+
+
+def shows_text(field: Node, text: str) -> bool:
+    """Whether a text field holds `text`: Chromium shows a password field's value as bullets, one per character."""
+    return field.props.get("value", "") in (text, "\u2022" * len(text))
 
 
 def _visible(nodes: list[Node]) -> list[Node]:
@@ -205,10 +209,9 @@ def _enter_text(fields: dict, nodes: list[Node], memory: dict) -> str | None:
 
 def _login_user(fields: dict, nodes: list[Node], memory: dict) -> str | None:
     boxes = [n for n in _visible(nodes) if n.role == "textbox"] + [None, None]
-    # Chromium shows a password field's value as bullets, one per character.
     user, password = boxes[0], boxes[1]
-    if password is not None and len(password.props.get("value", "")) == len(fields["password"]):
-        password.props["value"] = fields["password"]
+    if password is not None and shows_text(password, fields["password"]):
+        password.props["value"] = fields["password"]  # what _fill_then_submit compares with
     return _fill_then_submit([(user, fields["username"]), (password, fields["password"])], nodes)
 
 

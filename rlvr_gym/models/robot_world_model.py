@@ -215,8 +215,6 @@ class RobotWorldModel:
              precision: str = "float32") -> RobotWorldModel:
         """A world model from a directory or shipped name, on `device` ("cpu", "cuda", "cuda:1", "auto" = the first
         GPU if there is one), running in `precision` (one of PRECISIONS; the weights stay float32 either way)."""
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         device = pick_device(device)
         path = cls.resolve(name_or_dir)
         meta_file = path / "world_model.json"
