@@ -156,6 +156,10 @@ class CoTrainConfig:
     log-odds of success the simulator reports each step (`agents.robot.VecShaped`: read off the imagined frame, or
     with state dynamics the task's success margin on the predicted state); 0: success alone. The real env scores
     success alone either way."""
+    reach: float = 0.0
+    """RT-1: weight per metre of the reach term added to that dense reward (`agents.robot.VecShaped`: the decrease in
+    the palm's distance to the drawer handle or behind the object to push, on the predicted state; needs a simulator
+    with state dynamics); 0: none."""
     learning_rate: float = 0.0
     """Agent learning rate; 0: 3e-4 for PPO, 1e-4 for DQN."""
     n_steps: int = 32
@@ -297,7 +301,7 @@ def make_sim_env(config: CoTrainConfig, world: str):
         from agents.robot import make_sim_env as make_rt1_env
 
         return make_rt1_env(world, config.num_envs, config.task, config.steps_per_episode, config.frame_size,
-                            shaping=config.shaping, precision=config.precision)
+                            shaping=config.shaping, precision=config.precision, reach=config.reach)
     from rlvr_gym.sim.sb3 import SB3VecEnv
     from rlvr_gym.sim.textgame import TextGameDiscreteVectorEnv
 
@@ -813,16 +817,16 @@ def check_config(config: CoTrainConfig) -> None:
             raise ValueError(f"unknown task {config.task!r}: use one of {TASKS}")
         if config.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {PRECISIONS}, got {config.precision!r}")
-    elif config.precision != "float32":
-        raise ValueError("--precision is the tabletop simulator's (RLVRWorld-RT1-v0)")
+    elif config.precision != "float32" or config.reach:
+        raise ValueError("--precision and --reach are the tabletop simulator's (RLVRWorld-RT1-v0)")
     for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "n_steps", "calibration_replay"):
         least = 0 if name == "real_steps" and config.score_data else 1  # with score_data the scorings are data
         if getattr(config, name) < least:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(config, name)}")
     if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0 \
-            or config.learning_rate < 0 or config.shaping < 0 or config.pretrain_steps < 0:
+            or config.learning_rate < 0 or config.shaping < 0 or config.reach < 0 or config.pretrain_steps < 0:
         raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration, --learning-rate, "
-                         "--shaping and --pretrain-steps >= 0")
+                         "--shaping, --reach and --pretrain-steps >= 0")
     if config.real_updates and config.env == TEXT_ENV and config.algo != "dqn":
         raise ValueError("--real-updates in the text games takes --algo dqn")
     if config.surprise_on not in ("state", "outcome"):

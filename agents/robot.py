@@ -25,7 +25,7 @@ from rlvr_gym.data.episodes import SEEDS_PER_RUN, info_state
 from rlvr_gym.data.robot import load_initial_states
 from rlvr_gym.evaluation.policies import policy_frames, real_rollout, sb3_actor
 from rlvr_gym.models.robot_world_model import RobotWorldModel
-from rlvr_gym.models.state_dynamics import dynamics_success_probability
+from rlvr_gym.models.state_dynamics import dynamics_reach_distance, dynamics_success_probability
 from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON
 from rlvr_gym.sim.sb3 import SB3VecEnv
 
@@ -54,15 +54,18 @@ class VecFrames(VecEnvWrapper):
 
 
 class VecShaped(VecEnvWrapper):
-    """Add `weight` x the step's change in the log-odds of success the learned simulator reports
-    (`info["success_prob"]`; with a state reader, the task's success margin read off the imagined frame over
-    `state_reader.MARGIN_SCALE`; with state dynamics, the margin on the predicted state) to its sparse reward:
-    potential-based shaping (Ng, Harada and Russell 1999) in its undiscounted form, a gradient towards the success
-    PPO rarely reaches by chance. The first step of an episode has no previous value and gets no shaping."""
+    """Add potential-based shaping (Ng, Harada and Russell 1999, undiscounted) to a VecEnv's sparse reward: the step's
+    change in `weight` x the log-odds of success the learned simulator reports (`info["success_prob"]`; with a state
+    reader, the task's success margin read off the imagined frame over `state_reader.MARGIN_SCALE`; with state
+    dynamics, the margin on the predicted state), less `reach` x the palm's distance in metres to where the task's
+    work starts (`info["reach_distance"]`, `envs.robot.policies.reach_point`). The margin gives no gradient until the
+    drawer or the object moves, which PPO rarely brings about by chance; the reach term leads the gripper there.
+    The first step of an episode has no previous value and gets no shaping."""
 
-    def __init__(self, venv: VecEnv, weight: float):
+    def __init__(self, venv: VecEnv, weight: float, reach: float = 0.0):
         super().__init__(venv)
         self.weight = weight
+        self.reach = reach
         self.previous = np.full(venv.num_envs, np.nan)
 
     def reset(self) -> np.ndarray:
@@ -71,18 +74,28 @@ class VecShaped(VecEnvWrapper):
 
     def step_wait(self):
         obs, rewards, dones, infos = self.venv.step_wait()
+        potential = self.weight * self._log_odds(infos) if self.weight else np.zeros(len(infos))
+        if self.reach:
+            if any("reach_distance" not in info for info in infos):
+                raise ValueError("reach shaping needs info['reach_distance']: a simulator with state dynamics "
+                                 "(e.g. rt1-dynamics) or the real env through TrueSuccessProbability")
+            potential = potential - self.reach * np.array([info["reach_distance"] for info in infos], np.float64)
+        change = np.nan_to_num(potential - self.previous)
+        self.previous = np.where(dones, np.nan, potential)
+        return obs, rewards + change.astype(rewards.dtype), dones, infos
+
+    @staticmethod
+    def _log_odds(infos: list[dict]) -> np.ndarray:
         probs = np.clip(np.array([info["success_prob"] for info in infos], dtype=np.float64), 1e-12, 1 - 1e-12)
-        log_odds = np.log(probs) - np.log1p(-probs)
-        change = np.nan_to_num(log_odds - self.previous)
-        self.previous = np.where(dones, np.nan, log_odds)
-        return obs, rewards + (self.weight * change).astype(rewards.dtype), dones, infos
+        return np.log(probs) - np.log1p(-probs)
 
 
 class TrueSuccessProbability(gym.Wrapper):
-    """The real tabletop with `info["success_prob"]`: the task's success margin on the env's true state as a
-    probability, what a learned simulator with state dynamics reports on its predicted state
-    (`dynamics_success_probability`), so that `VecShaped` shapes an agent's reward in the real env as in that
-    simulator (the baseline that trains in the real env then gets the same dense signal as the loop's agent)."""
+    """The real tabletop with `info["success_prob"]` and `info["reach_distance"]`: the task's success margin on the
+    env's true state as a probability and the palm's distance to where the task's work starts, what a learned
+    simulator with state dynamics reports on its predicted state (`dynamics_success_probability`,
+    `dynamics_reach_distance`), so that `VecShaped` shapes an agent's reward in the real env as in that simulator
+    (the baseline that trains in the real env then gets the same dense signal as the loop's agent)."""
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
@@ -95,8 +108,9 @@ class TrueSuccessProbability(gym.Wrapper):
     @staticmethod
     def _with_probability(info: dict) -> dict:
         task = task_from_instruction(info["instruction"])
-        probability = dynamics_success_probability(task, info_state(info)[None], np.asarray(info["target_pos"])[:2])
-        return {**info, "success_prob": float(probability[0])}
+        state, target = info_state(info)[None], np.asarray(info["target_pos"])[:2]
+        return {**info, "success_prob": float(dynamics_success_probability(task, state, target)[0]),
+                "reach_distance": float(dynamics_reach_distance(task, state, target)[0])}
 
 
 def make_sim_env(
@@ -108,28 +122,36 @@ def make_sim_env(
     temperature: float = 0.0,
     shaping: float = 0.0,
     precision: str = "float32",
+    reach: float = 0.0,
 ) -> VecEnv:
     """The batched learned simulator as an SB3 VecEnv (episode stats of the sparse reward via VecMonitor), frames at
-    `frame_size`, with `shaping` > 0 the reward shaped by `VecShaped`, the world model in `precision`."""
-    if shaping < 0:
-        raise ValueError(f"shaping is a weight >= 0, got {shaping}")
+    `frame_size`, with `shaping` or `reach` > 0 the reward shaped by `VecShaped`, the world model in `precision`."""
+    _check_shaping(shaping, reach)
     venv = gym.make_vec("RLVRWorld-RT1-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
                         checkpoint=checkpoint, horizon=horizon, task=task, temperature=temperature, precision=precision)
+    if reach and venv.unwrapped.sim.world.state_dynamics is None:
+        venv.close()
+        raise ValueError(f"reach shaping reads the gripper off the predicted state: {checkpoint} has no state dynamics "
+                         "(rlvr-gym train state-dynamics; the shipped rt1-dynamics has them)")
     monitored = VecMonitor(SB3VecEnv(venv))
-    return VecFrames(VecShaped(monitored, shaping) if shaping else monitored, frame_size)
+    return VecFrames(VecShaped(monitored, shaping, reach) if shaping or reach else monitored, frame_size)
 
 
 def make_real_env(task: str, horizon: int = DEFAULT_HORIZON, frame_size: int = DEFAULT_FRAME_SIZE,
-                  shaping: float = 0.0) -> VecEnv:
+                  shaping: float = 0.0, reach: float = 0.0) -> VecEnv:
     """The real tabletop as `make_sim_env` gives the learned one: one env, frames at `frame_size`, episode stats of
-    the sparse reward, with `shaping` > 0 the reward shaped by `VecShaped` on the true state's success margin
+    the sparse reward, with `shaping` or `reach` > 0 the reward shaped by `VecShaped` on the true state
     (`TrueSuccessProbability`)."""
-    if shaping < 0:
-        raise ValueError(f"shaping is a weight >= 0, got {shaping}")
-    if not shaping:
+    _check_shaping(shaping, reach)
+    if not shaping and not reach:
         return VecFrames(VecMonitor(DummyVecEnv([lambda: RealRT1Env(task=task, horizon=horizon)])), frame_size)
     monitored = VecMonitor(DummyVecEnv([lambda: TrueSuccessProbability(RealRT1Env(task=task, horizon=horizon))]))
-    return VecFrames(VecShaped(monitored, shaping), frame_size)
+    return VecFrames(VecShaped(monitored, shaping, reach), frame_size)
+
+
+def _check_shaping(shaping: float, reach: float) -> None:
+    if shaping < 0 or reach < 0:
+        raise ValueError(f"shaping and reach are weights >= 0, got {shaping} and {reach}")
 
 
 def real_start_states(episodes: int, task: str | None = None, run: int = EVAL_SEED_RUN,

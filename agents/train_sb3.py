@@ -74,6 +74,9 @@ class Args:
     shaping: float = 0.0
     """RT-1: weight of the shaped reward in the simulator (`agents.robot.VecShaped`: the change in the log-odds of
     success it reports, added to the sparse reward); 0: the sparse reward alone."""
+    reach: float = 0.0
+    """RT-1: weight per metre of the reach term in the shaped reward (`agents.robot.VecShaped`: the decrease in the
+    palm's distance to the drawer handle or behind the object to push); needs a simulator with state dynamics."""
     eval_first: int = 0
     """RT-1: the real scorings' held-out starts begin at this index of their run (a simulator refit on real episodes
     from the first ones, as the co-training loop's are, is scored past them)."""
@@ -142,11 +145,11 @@ def build(args: Args) -> tuple[object, Callable[[BaseAlgorithm], dict]]:
         checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
         check_held_out(checkpoint, real_start_states(args.eval_episodes, args.task, first=args.eval_first))
         env = make_sim_env(checkpoint, args.num_envs, args.task, args.horizon, args.frame_size, args.temperature,
-                           args.shaping, args.precision)
+                           args.shaping, args.precision, args.reach)
         return env, lambda model: evaluate_in_real(model, args.eval_episodes, args.task, args.horizon,
                                                    first=args.eval_first)
-    if args.shaping or args.eval_first or args.precision != "float32":
-        raise ValueError("--shaping, --eval-first and --precision are the tabletop's (RLVRWorld-RT1-v0)")
+    if args.shaping or args.reach or args.eval_first or args.precision != "float32":
+        raise ValueError("--shaping, --reach, --eval-first and --precision are the tabletop's (RLVRWorld-RT1-v0)")
     from agents import textgame
 
     checkpoint = args.checkpoint or textgame.DEFAULT_CHECKPOINT
@@ -160,8 +163,9 @@ def train(args: Args) -> dict:
         raise ValueError(f"--algo {args.algo} does not fit {args.env}: use one of {ALGOS[args.env]}")
     if args.steps < 1 or args.eval_every < 1 or args.eval_episodes < 1 or args.num_envs < 1:
         raise ValueError("steps, eval_every, eval_episodes and num_envs must be >= 1")
-    if args.shaping < 0 or args.eval_first < 0:
-        raise ValueError(f"shaping and eval_first must be >= 0, got {args.shaping} and {args.eval_first}")
+    if args.shaping < 0 or args.reach < 0 or args.eval_first < 0:
+        raise ValueError(f"shaping, reach and eval_first must be >= 0, got {args.shaping}, {args.reach} and "
+                         f"{args.eval_first}")
     torch.set_num_threads(1)
     out = Path(args.out or f"runs/agents/{'rt1' if args.env == RT1_ENV else 'textgame'}-{args.algo}")
     out.mkdir(parents=True, exist_ok=True)

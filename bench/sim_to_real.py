@@ -6,10 +6,10 @@
     python -m bench.sim_to_real --tasks open_drawer --seeds 0 --rounds 1 --real-steps 100 --sim-steps 512   # a smoke run
 
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
-`--shaping W` under TASK+shapingW/, a loop with `--real-updates` under TASK+real-updates/, text refits with
-`--win-share F` under text+winF/, with `--surprise-on outcome` under text+surprise-outcome/, with `--text-replay`
-under text+replay/, with `--score-data` under TASK+score-data/; each loop in a directory of its own settings,
-loop-SEED-DIGEST) and reused by a rerun with the same settings, so seeds can run in parallel processes (`--seeds 0`,
+`--shaping W` under TASK+shapingW/, with `--reach R` as well under TASK+shapingW+reachR/, a loop with
+`--real-updates` under TASK+real-updates/, text refits with `--win-share F` under text+winF/, with `--surprise-on
+outcome` under text+surprise-outcome/, with `--text-replay` under text+replay/, with `--score-data` under
+TASK+score-data/; each loop in a directory of its own settings, loop-SEED-DIGEST) and reused by a rerun with the same settings, so seeds can run in parallel processes (`--seeds 0`,
 `--seeds 1`) and a last run with all seeds writes the report.
 
 "Tasks" are tabletop tasks (PPO in RLVRWorld-RT1-v0) and `text` (DQN in RLVRWorld-TextGame-v0 on its 32 games).
@@ -118,7 +118,7 @@ def real_env(config: CoTrainConfig):
     if config.env == RT1_ENV:
         from agents.robot import make_real_env
 
-        return make_real_env(config.task, config.steps_per_episode, config.frame_size, config.shaping)
+        return make_real_env(config.task, config.steps_per_episode, config.frame_size, config.shaping, config.reach)
     from agents.textgame import RealTextWorldDiscreteEnv
 
     world = resolve_world(config)
@@ -200,6 +200,7 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     if arm.startswith("real") and config.env == RT1_ENV:
         key = {name: getattr(config, name) for name in REAL_ARM_FIELDS}
         key = {**key, "shaping": config.shaping} if config.shaping else key  # unshaped curves keep their old keys
+        key = {**key, "reach": config.reach} if config.reach else key
     else:
         # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
         # agent pretrains do not change the other arms. Whether scorings are data changes the real-env arms too.
@@ -209,6 +210,8 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
                "world": world_fingerprint(config)}
         if config.precision == "float32":  # curves from before the setting existed keep their keys
             del key["precision"]
+        if not config.reach:
+            del key["reach"]
         if arm == "frozen" and config.pretrain_steps:  # its first point; curves without one keep their old keys
             key["pretrain_steps"] = config.pretrain_steps
     return {**key, **extra}
@@ -242,6 +245,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     their own; the real-env arms are shared."""
     env, checkpoint = (TEXT_ENV, args.text_checkpoint) if task == "text" else (RT1_ENV, args.checkpoint)
     label = f"{task}+shaping{args.shaping:g}" if args.shaping and env == RT1_ENV else task  # the text sim takes none
+    label = f"{label}+reach{args.reach:g}" if args.reach and env == RT1_ENV else label
     label = f"{label}+real-updates" if args.real_updates else label
     label = f"{label}+win{args.win_share:g}" if args.win_share and env == TEXT_ENV else label
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
@@ -302,6 +306,8 @@ def main() -> None:
                         help="tabletop: the learned simulators' weight products (`CoTrainConfig.precision`)")
     parser.add_argument("--shaping", type=float, default=0.0,
                         help="tabletop: weight of the shaped reward in the learned sim (`CoTrainConfig.shaping`)")
+    parser.add_argument("--reach", type=float, default=0.0,
+                        help="tabletop: weight per metre of the shaped reward's reach term (`CoTrainConfig.reach`)")
     parser.add_argument("--replay", default="", help="episodes mixed into every tabletop refit (`rlvr-gym collect rt1`)")
     parser.add_argument("--real-updates", action="store_true",
                         help="the loop's agent also learns from its real data steps (Dyna; `CoTrainConfig.real_updates`)")
@@ -335,7 +341,8 @@ def main() -> None:
                       "real_updates": args.real_updates, "win_share": args.win_share,
                       "surprise_on": args.surprise_on, "score_data": args.score_data} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
-                                        "replay": args.replay, "shaping": args.shaping, "precision": args.precision,
+                                        "replay": args.replay, "shaping": args.shaping, "reach": args.reach,
+                                        "precision": args.precision,
                                         "real_updates": args.real_updates, "score_data": args.score_data}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps
             label = arm_label(task, args)
@@ -364,7 +371,7 @@ def main() -> None:
                                           arm_key(base, "frozen"), lambda: frozen_arm(base))
             budget = curves["loop"][-1]["real_steps_total"]
             real_arms = (("real-1x", "real-1x", 1, base), ("real-10x", "real-10x", 10, base),
-                         ("real-1x-sparse", "real-1x", 1, replace(base, shaping=0.0)))
+                         ("real-1x-sparse", "real-1x", 1, replace(base, shaping=0.0, reach=0.0)))
             for name, kind, scale, config in real_arms:
                 if name not in args.arms:
                     continue
@@ -372,6 +379,7 @@ def main() -> None:
                 # PPO's real arms do not learn from their scorings: a tabletop real arm's file has no score-data mark.
                 scored = "-score-data" if config.score_data and config.env == TEXT_ENV else ""
                 shaped = f"-shaping{config.shaping:g}" if config.shaping and config.env == RT1_ENV else ""
+                shaped += f"-reach{config.reach:g}" if config.reach and config.env == RT1_ENV else ""
                 curve = directory / f"{kind}-{seed}-{scale * budget}steps{scored}{shaped}.json"
                 agents = curve.with_suffix(".agents")
                 curves[name] = cached(curve, arm_key(config, kind, budget=scale * budget),
@@ -494,6 +502,7 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
                  if args.score_data else "")
               + (f"tabletop agents' reward shaped with weight {args.shaping:g}, in the learned sims from the "
                  "predicted state, in the real env from the true one; " if args.shaping else "")
+              + (f"with a reach term of weight {args.reach:g} per metre; " if args.reach else "")
               + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
               "time), and as many in the simulator from the same starts (learned success). Intervals: 95% t over "
               "seeds."

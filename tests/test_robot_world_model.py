@@ -856,7 +856,7 @@ def test_state_dynamics_learn_the_true_state_and_decide_the_simulators_success(t
     from envs.robot.tasks import task_from_instruction
     from rlvr_gym.data.episodes import STATE_NAMES, write_shards
     from rlvr_gym.data.robot import episode_starts, load_initial_states, write_initial_states
-    from rlvr_gym.models.state_dynamics import dynamics_success_probability
+    from rlvr_gym.models.state_dynamics import dynamics_reach_distance, dynamics_success_probability
     from rlvr_gym.sim.robot import _Simulator, replay_success_scores
     from rlvr_gym.train.state_dynamics import DynamicsConfig, train_state_dynamics
 
@@ -903,6 +903,8 @@ def test_state_dynamics_learn_the_true_state_and_decide_the_simulators_success(t
     probability = dynamics_success_probability(task_from_instruction(info["instruction"]), expected, starts.targets[0])
     assert info["success_prob"] == pytest.approx(probability[0], abs=1e-5)
     assert reward == float(info["success_prob"] > 0.5) == float(terminated) and info["state_disagreement"] >= 0
+    reach = dynamics_reach_distance(task_from_instruction(info["instruction"]), expected, starts.targets[0])
+    assert info["reach_distance"] == pytest.approx(reach[0], abs=1e-5) and reach[0] > 0
     sim = _Simulator.load(world_out, None, 0.0)
     episode = load_episodes(root / "heldout")[0]
     assert replay_success_scores(sim, [episode]).shape == (1,)

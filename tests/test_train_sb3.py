@@ -14,7 +14,7 @@ from stable_baselines3 import PPO
 from test_sim_textgame import game_dir, garbage_checkpoint, start_file  # noqa: F401  (a tiny learned text game)
 
 from agents.robot import EVAL_SEED_RUN, check_held_out, evaluate_in_real, make_sim_env, real_start_states
-from agents.train_sb3 import Args, train
+from agents.train_sb3 import Args, build, train
 from envs.robot import TASKS, RealRT1Env
 from rlvr_gym.data.episodes import SEEDS_PER_RUN, CollectConfig, collect, load_episodes
 from rlvr_gym.data.robot import load_initial_states, save_initial_states
@@ -170,6 +170,46 @@ def test_the_real_env_shaped_as_the_learned_one_reads_success_off_the_true_state
         make_real_env("close_drawer", shaping=-1.0)
 
 
+@pytest.mark.parametrize("task", ["open_drawer", "push_to_target"])
+def test_the_reach_term_leads_to_where_the_expert_starts_the_work_and_shapes_by_its_decrease(task):
+    from agents.robot import TrueSuccessProbability, make_real_env
+    from envs.robot import make_scripted_policy
+
+    env, policy = TrueSuccessProbability(RealRT1Env(task=task)), make_scripted_policy(task)
+    obs, info = env.reset(seed=1)
+    first, distances, done = info, [info["reach_distance"]], False
+    moved = lambda i: (abs(i["drawer_qpos"] - first["drawer_qpos"]) if task == "open_drawer"  # noqa: E731
+                       else np.linalg.norm(i["object_pos"][first["object_a"]] - first["object_pos"][first["object_a"]]))
+    while not done:
+        obs, _, terminated, truncated, next_info = env.step(policy(obs, info))
+        if moved(next_info) > 0.005 and moved(info) <= 0.005:
+            assert info["reach_distance"] < 0.04, "the work starts where the reach term leads"
+        info, done = next_info, terminated or truncated
+        distances.append(info["reach_distance"])
+    env.close()
+    assert info["success"] and distances[0] > 0.15 and min(distances) < 0.01
+
+    venv = make_real_env(task, horizon=4, frame_size=16, reach=5.0)
+    venv.reset()
+    previous = None
+    for action in ([0.0, 0.0, -1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]):
+        _, reward, done, infos = venv.step(np.array([[*action, 0.0, 0.0, 0.0, -1.0]]))
+        distance = infos[0]["reach_distance"]
+        assert reward[0] == pytest.approx(0.0 if previous is None else 5.0 * (previous - distance), abs=1e-5)
+        previous = distance
+    assert done[0] and infos[0]["episode"]["r"] == 0.0, "the monitor keeps the real, sparse return"
+    venv.close()
+    with pytest.raises(ValueError, match="reach"):
+        make_real_env(task, reach=-1.0)
+
+
+def test_reach_shaping_needs_a_simulator_that_predicts_the_gripper(tiny_world):
+    with pytest.raises(ValueError, match="state dynamics"):
+        make_sim_env(tiny_world, num_envs=1, reach=5.0)
+    with pytest.raises(ValueError, match="tabletop"):
+        build(Args(env="RLVRWorld-TextGame-v0", algo="dqn", reach=5.0))
+
+
 @pytest.mark.parametrize("env, algo", [("RLVRWorld-RT1-v0", "dqn"), ("RLVRWorld-TextGame-v0", "sac")])
 def test_algorithm_must_fit_the_env(env, algo, tmp_path):
     with pytest.raises(ValueError, match="does not fit"):
@@ -238,7 +278,8 @@ def test_a_loop_with_state_dynamics_refits_them_on_the_agents_transitions_and_ke
     world = str(tmp_path / "dynamics" / "world_model")
     config = cotrain.CoTrainConfig(out=str(tmp_path / "run"), checkpoint=world, task="open_drawer", rounds=1,
                                    real_steps=10, eval_episodes=1, sim_steps=16, num_envs=2, horizon=5, frame_size=16,
-                                   replay=train_dir, mle_steps=1, grpo_steps=1, dynamics_steps=5, n_steps=8)
+                                   replay=train_dir, mle_steps=1, grpo_steps=1, dynamics_steps=5, n_steps=8,
+                                   shaping=0.2, reach=5.0)
     record = cotrain.run_cotrain(config)
     before = RobotWorldModel.load(world).state_dynamics.state_dict()
     after = RobotWorldModel.load(record["world"]).state_dynamics.state_dict()

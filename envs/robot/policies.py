@@ -13,13 +13,15 @@ import numpy as np
 
 from envs.robot.env import MAX_TRANSLATION, MAX_YAW
 from envs.robot.scene import (
+    CABINET_POS,
     FINGER_HALF_THICKNESS,
     FINGER_PAD_HALF_WIDTH,
     GRIPPER_YAW_LIMIT,
+    HANDLE_OFFSET,
     OBJECT_HALF_SIZE,
     OBJECT_NAMES,
 )
-from envs.robot.tasks import TASKS
+from envs.robot.tasks import TASKS, Task
 
 TRAVEL_Z = 0.23
 """Palm height (m) for moves above everything: fingertips clear the cabinet top (0.135 m)."""
@@ -182,6 +184,24 @@ def push_action(info: dict, index: int, goal: np.ndarray) -> np.ndarray:
         # Straight up without turning: turning the 5 cm pads among the objects would sweep them through one.
         return _action(_towards(np.array([0.0, 0.0, PUSH_TRAVEL_Z - gripper[2]])), 0.0, closed=True)
     return _action(_towards(np.array([*error, PUSH_TRAVEL_Z - gripper[2]])), yaw, closed=True)
+
+
+def reach_point(task: Task, object_pos: np.ndarray, drawer_qpos: np.ndarray, target_xy: np.ndarray) -> np.ndarray:
+    """Where the expert's palm starts the task's work, for a batch of states (object positions (N, n, 3), drawer
+    joints (N,), target centres (N, 2)) -> (N, 3): around the drawer handle at grasp height for the drawer tasks;
+    for move_near and push_to_target, at push height behind object A on its straight line to object B or the target.
+    The distance to it is a reach term for shaping an agent's reward (`agents.robot.VecShaped`): the success margin
+    alone gives no gradient until the drawer or the object moves, which PPO rarely brings about by chance."""
+    object_pos, drawer_qpos = np.asarray(object_pos, np.float64), np.asarray(drawer_qpos, np.float64)
+    if task.name in ("open_drawer", "close_drawer"):
+        handle_x = CABINET_POS[0] - HANDLE_OFFSET - drawer_qpos
+        return np.stack([handle_x + HANDLE_X_OFFSET, np.full_like(handle_x, CABINET_POS[1]),
+                         np.full_like(handle_x, GRASP_Z)], axis=-1)
+    a = object_pos[:, task.object_a, :2]
+    goal = object_pos[:, task.object_b, :2] if task.name == "move_near" else np.asarray(target_xy, np.float64)
+    u = (goal - a) / np.maximum(np.linalg.norm(goal - a, axis=-1, keepdims=True), 1e-9)
+    behind = a - u * (OBJECT_HALF_SIZE + PUSHER_HALF_DEPTH + PRE_PUSH_GAP)
+    return np.concatenate([behind, np.full((len(a), 1), PUSH_Z)], axis=-1)
 
 
 def near_goal(info: dict, a: int, b: int) -> np.ndarray:

@@ -26,6 +26,7 @@ from rlvr_gym.models.state_reader import margin_probability
 STATE_DIM = len(STATE_NAMES)
 OBJECTS = slice(STATE_NAMES.index("object0_x"), STATE_NAMES.index("object2_z") + 1)
 DRAWER = STATE_NAMES.index("drawer_qpos")
+GRIPPER = slice(STATE_NAMES.index("gripper_x"), STATE_NAMES.index("gripper_z") + 1)
 
 
 def dynamics_margin(task: Task, states: np.ndarray, target_xy: np.ndarray) -> np.ndarray:
@@ -34,6 +35,17 @@ def dynamics_margin(task: Task, states: np.ndarray, target_xy: np.ndarray) -> np
     states = np.asarray(states, dtype=np.float64)
     target = np.broadcast_to(np.asarray(target_xy, dtype=np.float64), (len(states), 2))
     return success_margin(task, states[:, OBJECTS].reshape(-1, 3, 3), states[:, DRAWER], target)
+
+
+def dynamics_reach_distance(task: Task, states: np.ndarray, target_xy: np.ndarray) -> np.ndarray:
+    """Distance (m) from the palm to where the task's work starts (`envs.robot.policies.reach_point`) on states
+    (N, len(STATE_NAMES)), the target marker's centre (2,) or (N, 2)."""
+    from envs.robot.policies import reach_point
+
+    states = np.asarray(states, dtype=np.float64)
+    target = np.broadcast_to(np.asarray(target_xy, dtype=np.float64), (len(states), 2))
+    point = reach_point(task, states[:, OBJECTS].reshape(-1, 3, 3), states[:, DRAWER], target)
+    return np.linalg.norm(states[:, GRIPPER] - point, axis=-1)
 
 
 def dynamics_success_probability(task: Task, states: np.ndarray, target_xy: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.files import CheckpointError
 from rlvr_gym.models.robot_world_model import DEFAULT_SUCCESS_THRESHOLD, RobotWorldModel, RolloutStart
 from rlvr_gym.models.sampler import SamplingConfig
-from rlvr_gym.models.state_dynamics import dynamics_success_probability
+from rlvr_gym.models.state_dynamics import dynamics_reach_distance, dynamics_success_probability
 from rlvr_gym.models.state_reader import READ_NAMES, success_probability
 from rlvr_gym.sim.guard import Guard
 from rlvr_gym.sim.vector import reset_arguments
@@ -259,6 +259,8 @@ class _Simulator:
         if rollout.predicted_state is not None:
             info["predicted_state"] = dict(zip(STATE_NAMES, rollout.predicted_state.tolist()))
             info["state_disagreement"] = rollout.state_disagreement
+            info["reach_distance"] = float(dynamics_reach_distance(rollout.task, rollout.predicted_state[None],
+                                                                   rollout.target)[0])
         elif rollout.state is not None:
             info["read_state"] = dict(zip(READ_NAMES, rollout.state.tolist()))
         if rollout.error is not None:
@@ -539,7 +541,9 @@ class RT1WorldEnv(gym.Env):
     Terminated on that success; truncated after `horizon` steps.
     `info`: `success_prob`, `success_threshold` (what it is compared with), `is_success`, `task`, `instruction`,
     `step`, `initial_state` (the row), `read_state` (with a state reader: object centres, drawer joint and target
-    marker in metres, as read off the frame), `uncertainty` and `halted` (see the arguments) and `error` when the
+    marker in metres, as read off the frame), `predicted_state`, `state_disagreement` and `reach_distance` (with state
+    dynamics: the state they predict, their members' spread, and the palm's distance in metres to where the task's
+    work starts, `envs.robot.policies.reach_point`), `uncertainty` and `halted` (see the arguments) and `error` when the
     model's output could not be parsed (the last frame is repeated then).
 
     ## Arguments
