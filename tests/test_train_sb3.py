@@ -361,3 +361,20 @@ def test_a_run_recorded_before_a_setting_existed_resumes_with_that_setting_at_it
     assert cotrain.load_state(config, tmp_path).round == 2
     with pytest.raises(ValueError, match="shaping"):
         cotrain.load_state(replace(config, shaping=0.5), tmp_path)
+
+
+def test_the_reach_benchmark_trains_each_observation_in_the_real_env_and_reuses_a_finished_curve(tmp_path, monkeypatch):
+    import argparse
+
+    import bench.rt1_reach as bench
+
+    monkeypatch.setattr(bench, "OUT", tmp_path)
+    for observation, shape in (("state", (17,)), ("frames", (32, 32, 3))):
+        venv = bench.make_env(observation, "open_drawer", 50, 0.2, 5.0)
+        assert venv.num_envs == bench.REAL_ENVS and venv.reset().shape == (bench.REAL_ENVS, *shape)
+        venv.close()
+    args = argparse.Namespace(task="open_drawer", steps=1024, every=512, episodes=1, shaping=0.2, horizon=5)
+    points = bench.run_arm("state", 5.0, 0, args)
+    assert [p["steps"] for p in points] == [512, 1024] and all(0 <= p["real_success"] <= 1 for p in points)
+    monkeypatch.setattr(bench, "PPO", None)  # a finished curve with the same settings is read, not trained again
+    assert bench.run_arm("state", 5.0, 0, args) == points
