@@ -111,6 +111,10 @@ class CoTrainConfig:
     """Steps per episode, real and learned; 0: the env's default (50 tabletop, 30 text)."""
     frame_size: int = DEFAULT_FRAME_SIZE
     """RT-1: side of the block-averaged frames the agent sees."""
+    observation: str = "frame"
+    """RT-1: what the agent sees, "frame" or "state" (in the learned sim the state its state dynamics predict, no
+    frame drawn; in the real env the true state, `agents.robot.StateObservation`). With "state" the agent's training
+    depends on the refitted state dynamics alone, not on the video model the MLE and GRPO refits train."""
     precision: str = "float32"
     """RT-1: the learned simulator the agent trains and is checked in runs its weight products in float32 or bfloat16
     (`RLVRWorld-RT1-v0`'s `precision`; `python -m bench.rt1_sim` measures both). Refits train in float32."""
@@ -301,7 +305,8 @@ def make_sim_env(config: CoTrainConfig, world: str):
         from agents.robot import make_sim_env as make_rt1_env
 
         return make_rt1_env(world, config.num_envs, config.task, config.steps_per_episode, config.frame_size,
-                            shaping=config.shaping, precision=config.precision, reach=config.reach)
+                            shaping=config.shaping, precision=config.precision, reach=config.reach,
+                            observation=config.observation)
     from rlvr_gym.sim.sb3 import SB3VecEnv
     from rlvr_gym.sim.textgame import TextGameDiscreteVectorEnv
 
@@ -376,11 +381,14 @@ def learn_in_real_rt1(agent: PPO, env, config: CoTrainConfig, state: State) -> l
     in the real env learns); the rollout's episodes are the round's data."""
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
-    from agents.robot import VecFrames
+    from agents.robot import StateObservation, VecFrames
     from rlvr_gym.data.episodes import EpisodeRecorder
 
     recorder = EpisodeRecorder(env, "agent", lambda: collect_seed(state))
-    venv = VecFrames(VecMonitor(DummyVecEnv([lambda: recorder])), config.frame_size)
+    if config.observation == "state":
+        venv = VecMonitor(DummyVecEnv([lambda: StateObservation(recorder)]))
+    else:
+        venv = VecFrames(VecMonitor(DummyVecEnv([lambda: recorder])), config.frame_size)
     learner = PPO("MlpPolicy", venv, n_steps=config.real_steps, n_epochs=4, batch_size=max(1, config.real_steps // 4),
                   learning_rate=config.agent_learning_rate, seed=config.seed + 1000 * state.round, device="cpu",
                   policy_kwargs={"net_arch": [64, 64]}, verbose=0)
@@ -395,11 +403,12 @@ def learn_in_real_rt1(agent: PPO, env, config: CoTrainConfig, state: State) -> l
 def agent_episode(env, agent: BaseAlgorithm, seed: int, config: CoTrainConfig, rng: np.random.Generator):
     """One real tabletop episode of the agent's deterministic action plus exploration noise."""
     from rlvr_gym.data.episodes import collect_episode
-    from rlvr_gym.evaluation.policies import policy_frames
+    from rlvr_gym.evaluation.policies import sb3_real_actor
 
-    def act(frame: np.ndarray, _info: dict) -> np.ndarray:
-        action, _ = agent.predict(policy_frames(frame[None], config.frame_size), deterministic=True)
-        return np.asarray(action, np.float32).reshape(-1) + rng.normal(0, config.exploration, 7)
+    greedy = sb3_real_actor(agent)
+
+    def act(frame: np.ndarray, info: dict) -> np.ndarray:
+        return greedy(frame, info) + rng.normal(0, config.exploration, 7)
 
     return collect_episode(env, config.task, "agent", seed, act)
 
@@ -502,12 +511,12 @@ def score_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Pa
     from agents.robot import real_start_states
     from envs.robot import RealRT1Env
     from rlvr_gym.data.episodes import collect_episode, write_shards
-    from rlvr_gym.evaluation.policies import sb3_actor
+    from rlvr_gym.evaluation.policies import sb3_real_actor
 
-    actor = sb3_actor(agent)
+    actor = sb3_real_actor(agent)
     starts = real_start_states(config.eval_episodes, config.task, first=scoring_first(config, state))
     env = RealRT1Env(task=config.task, horizon=config.steps_per_episode)
-    episodes = [collect_episode(env, config.task, "agent", seed, lambda frame, _info: actor(frame[None])[0])
+    episodes = [collect_episode(env, config.task, "agent", seed, actor)
                 for _, seed in tqdm(starts, desc="score (real, recorded)", unit="episode", leave=False)]
     env.close()
     write_shards(episodes, out, split="train", config={"round": state.round, "policy": "agent", "scoring": True},
@@ -529,7 +538,8 @@ def learned_success_rt1(agent: BaseAlgorithm, world: str, config: CoTrainConfig,
     from rlvr_gym.sim.robot import RT1WorldVectorEnv
 
     venv = RT1WorldVectorEnv(num_envs=min(episodes, config.num_envs), checkpoint=world, horizon=config.steps_per_episode,
-                             task=config.task, autoreset_mode=AutoresetMode.DISABLED, precision=config.precision)
+                             task=config.task, autoreset_mode=AutoresetMode.DISABLED, precision=config.precision,
+                             observation=config.observation)
     rows = venv.sim.add_starts(real_initial_states(real_start_states(episodes, config.task, first=first)))
     actor = sb3_actor(agent)
     jobs = [Job(int(row), actor=actor) for row in rows]
@@ -817,8 +827,10 @@ def check_config(config: CoTrainConfig) -> None:
             raise ValueError(f"unknown task {config.task!r}: use one of {TASKS}")
         if config.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {PRECISIONS}, got {config.precision!r}")
-    elif config.precision != "float32" or config.reach:
-        raise ValueError("--precision and --reach are the tabletop simulator's (RLVRWorld-RT1-v0)")
+        if config.observation not in ("frame", "state"):
+            raise ValueError(f"--observation must be frame or state, got {config.observation!r}")
+    elif config.precision != "float32" or config.reach or config.observation != "frame":
+        raise ValueError("--precision, --reach and --observation are the tabletop simulator's (RLVRWorld-RT1-v0)")
     for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "n_steps", "calibration_replay"):
         least = 0 if name == "real_steps" and config.score_data else 1  # with score_data the scorings are data
         if getattr(config, name) < least:

@@ -8,6 +8,11 @@ Agents see frames block-averaged to `frame_size` (32 by default) through an MLP.
 envs of random frames, one thread): PPO ran 3,200 steps/s with an MLP on 32x32 frames, 1,640 with a small two-layer
 CNN on 64x64 and 600 with SB3's NatureCNN (CnnPolicy); SAC 89, 62 and 24. Besides being fastest, the MLP leaves no
 custom class in the checkpoint, so `rlvr_gym.evaluation.policies` loads it without importing `agents`.
+
+With `observation="state"` an agent sees the state instead (palm, closedness, object centres, drawer joint, target
+marker: 16 numbers): in a simulator with state dynamics the state they predict, with no frame drawn (thousands of
+steps/s), in the real env its true state (`StateObservation`). PPO on frames does not learn to open the drawer in
+the real env within 131,072 steps, on the state it does (`python -m bench.rt1_reach`).
 """
 
 from __future__ import annotations
@@ -21,12 +26,12 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper,
 
 from envs.robot import TASKS, RealRT1Env
 from envs.robot.tasks import task_from_instruction
-from rlvr_gym.data.episodes import SEEDS_PER_RUN, info_state
+from rlvr_gym.data.episodes import SEEDS_PER_RUN, info_state, state_observation
 from rlvr_gym.data.robot import load_initial_states
-from rlvr_gym.evaluation.policies import policy_frames, real_rollout, sb3_actor
+from rlvr_gym.evaluation.policies import policy_frames, real_rollout, sb3_real_actor
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.state_dynamics import dynamics_reach_distance, dynamics_success_probability
-from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON
+from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON, OBSERVATIONS, state_observation_space
 from rlvr_gym.sim.sb3 import SB3VecEnv
 
 DEFAULT_FRAME_SIZE = 32
@@ -90,6 +95,23 @@ class VecShaped(VecEnvWrapper):
         return np.log(probs) - np.log1p(-probs)
 
 
+class StateObservation(gym.Wrapper):
+    """The real tabletop observed as `RLVRWorld-RT1-v0(observation="state")` shows the learned one: its true state and
+    the target marker's centre (`rlvr_gym.data.episodes.STATE_OBSERVATION_NAMES`) instead of its frame."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.observation_space = state_observation_space()
+
+    def reset(self, **kwargs):
+        _, info = self.env.reset(**kwargs)
+        return state_observation(info_state(info), info["target_pos"]), info
+
+    def step(self, action):
+        _, reward, terminated, truncated, info = self.env.step(action)
+        return state_observation(info_state(info), info["target_pos"]), reward, terminated, truncated, info
+
+
 class TrueSuccessProbability(gym.Wrapper):
     """The real tabletop with `info["success_prob"]` and `info["reach_distance"]`: the task's success margin on the
     env's true state as a probability and the palm's distance to where the task's work starts, what a learned
@@ -123,35 +145,51 @@ def make_sim_env(
     shaping: float = 0.0,
     precision: str = "float32",
     reach: float = 0.0,
+    observation: str = "frame",
 ) -> VecEnv:
     """The batched learned simulator as an SB3 VecEnv (episode stats of the sparse reward via VecMonitor), frames at
-    `frame_size`, with `shaping` or `reach` > 0 the reward shaped by `VecShaped`, the world model in `precision`."""
+    `frame_size` or with `observation="state"` the predicted state, with `shaping` or `reach` > 0 the reward shaped by
+    `VecShaped`, the world model in `precision`."""
     _check_shaping(shaping, reach)
+    _check_observation(observation)
     venv = gym.make_vec("RLVRWorld-RT1-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
-                        checkpoint=checkpoint, horizon=horizon, task=task, temperature=temperature, precision=precision)
+                        checkpoint=checkpoint, horizon=horizon, task=task, temperature=temperature, precision=precision,
+                        observation=observation)
     if reach and venv.unwrapped.sim.world.state_dynamics is None:
         venv.close()
         raise ValueError(f"reach shaping reads the gripper off the predicted state: {checkpoint} has no state dynamics "
                          "(rlvr-gym train state-dynamics; the shipped rt1-dynamics has them)")
     monitored = VecMonitor(SB3VecEnv(venv))
-    return VecFrames(VecShaped(monitored, shaping, reach) if shaping or reach else monitored, frame_size)
+    shaped = VecShaped(monitored, shaping, reach) if shaping or reach else monitored
+    return shaped if observation == "state" else VecFrames(shaped, frame_size)
 
 
 def make_real_env(task: str, horizon: int = DEFAULT_HORIZON, frame_size: int = DEFAULT_FRAME_SIZE,
-                  shaping: float = 0.0, reach: float = 0.0) -> VecEnv:
-    """The real tabletop as `make_sim_env` gives the learned one: one env, frames at `frame_size`, episode stats of
-    the sparse reward, with `shaping` or `reach` > 0 the reward shaped by `VecShaped` on the true state
-    (`TrueSuccessProbability`)."""
+                  shaping: float = 0.0, reach: float = 0.0, observation: str = "frame", num_envs: int = 1) -> VecEnv:
+    """The real tabletop as `make_sim_env` gives the learned one: `num_envs` envs, frames at `frame_size` (or with
+    `observation="state"` the true state, `StateObservation`), episode stats of the sparse reward, with `shaping` or
+    `reach` > 0 the reward shaped by `VecShaped` on the true state (`TrueSuccessProbability`)."""
     _check_shaping(shaping, reach)
-    if not shaping and not reach:
-        return VecFrames(VecMonitor(DummyVecEnv([lambda: RealRT1Env(task=task, horizon=horizon)])), frame_size)
-    monitored = VecMonitor(DummyVecEnv([lambda: TrueSuccessProbability(RealRT1Env(task=task, horizon=horizon))]))
-    return VecFrames(VecShaped(monitored, shaping, reach), frame_size)
+    _check_observation(observation)
+
+    def make() -> gym.Env:
+        env = RealRT1Env(task=task, horizon=horizon)
+        env = TrueSuccessProbability(env) if shaping or reach else env
+        return StateObservation(env) if observation == "state" else env
+
+    monitored = VecMonitor(DummyVecEnv([make] * num_envs))
+    shaped = VecShaped(monitored, shaping, reach) if shaping or reach else monitored
+    return shaped if observation == "state" else VecFrames(shaped, frame_size)
 
 
 def _check_shaping(shaping: float, reach: float) -> None:
     if shaping < 0 or reach < 0:
         raise ValueError(f"shaping and reach are weights >= 0, got {shaping} and {reach}")
+
+
+def _check_observation(observation: str) -> None:
+    if observation not in OBSERVATIONS:
+        raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
 
 
 def real_start_states(episodes: int, task: str | None = None, run: int = EVAL_SEED_RUN,
@@ -173,20 +211,20 @@ def check_held_out(checkpoint: str | os.PathLike, starts: list[tuple[str, int]])
 
 def evaluate_in_real(model: BaseAlgorithm, episodes: int = 16, task: str | None = None, horizon: int = DEFAULT_HORIZON,
                      run: int = EVAL_SEED_RUN, first: int = 0) -> dict[str, float]:
-    """Score an SB3 model (deterministic actions on frames at its own size) in the real tabletop from held-out starts
-    (`real_start_states(episodes, task, run, first)`).
+    """Score an SB3 model (deterministic actions on frames at its own size, or on the true state for a model trained
+    on the state) in the real tabletop from held-out starts (`real_start_states(episodes, task, run, first)`).
 
     Returns `success_rate`, `mean_return` (the real reward: 1 on the success step), `mean_length` and `episodes`.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
-    act = sb3_actor(model)
+    act = sb3_real_actor(model)
     envs: dict[str, RealRT1Env] = {}
     outcomes = []
     try:
         for name, seed in real_start_states(episodes, task, run, first):
             env = envs.setdefault(name, RealRT1Env(task=name, horizon=horizon))
-            outcomes.append(real_rollout(env, seed, lambda frame, _info: act(frame[None])[0]))
+            outcomes.append(real_rollout(env, seed, act))
     finally:
         for env in envs.values():
             env.close()

@@ -74,6 +74,9 @@ class Args:
     shaping: float = 0.0
     """RT-1: weight of the shaped reward in the simulator (`agents.robot.VecShaped`: the change in the log-odds of
     success it reports, added to the sparse reward); 0: the sparse reward alone."""
+    observation: str = "frame"
+    """RT-1: what the agent sees, "frame" or "state" (the predicted state, for a simulator with state dynamics; in
+    the real env the true state: `agents.robot.StateObservation`)."""
     reach: float = 0.0
     """RT-1: weight per metre of the reach term in the shaped reward (`agents.robot.VecShaped`: the decrease in the
     palm's distance to the drawer handle or behind the object to push); needs a simulator with state dynamics."""
@@ -145,11 +148,12 @@ def build(args: Args) -> tuple[object, Callable[[BaseAlgorithm], dict]]:
         checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
         check_held_out(checkpoint, real_start_states(args.eval_episodes, args.task, first=args.eval_first))
         env = make_sim_env(checkpoint, args.num_envs, args.task, args.horizon, args.frame_size, args.temperature,
-                           args.shaping, args.precision, args.reach)
+                           args.shaping, args.precision, args.reach, args.observation)
         return env, lambda model: evaluate_in_real(model, args.eval_episodes, args.task, args.horizon,
                                                    first=args.eval_first)
-    if args.shaping or args.reach or args.eval_first or args.precision != "float32":
-        raise ValueError("--shaping, --reach, --eval-first and --precision are the tabletop's (RLVRWorld-RT1-v0)")
+    if args.shaping or args.reach or args.eval_first or args.precision != "float32" or args.observation != "frame":
+        raise ValueError("--shaping, --reach, --eval-first, --precision and --observation are the tabletop's "
+                         "(RLVRWorld-RT1-v0)")
     from agents import textgame
 
     checkpoint = args.checkpoint or textgame.DEFAULT_CHECKPOINT

@@ -7,8 +7,8 @@ margin alone, for an agent on the true state and the co-training loop's agent on
 Each arm is PPO (4 real envs, the real reward shaped as `agents.robot.VecShaped` shapes the learned simulator's:
 `--shaping` x the change in the log-odds of the true success margin, plus `reach` x the decrease in the palm's
 distance to where the task's work starts, `envs.robot.policies.reach_point`), on one of two observations:
-- `state`: the true state (`rlvr_gym.data.episodes.info_state`, the target's centre, the gripper's yaw), 17 numbers;
-- `frames`: 32x32 frames through an MLP, the agent the co-training loop trains.
+- `state`: the true state and the target's centre (`agents.robot.StateObservation`), 16 numbers;
+- `frame`: 32x32 frames through an MLP, the co-training loop's default agent.
 Every `--every` steps the agent is scored greedily on `--episodes` held-out real starts (`real_start_states`). Each
 (observation, reach, seed) curve is kept under runs/bench/rt1_reach/ and reused by a rerun with the same settings,
 so seeds can run in parallel processes and a last run with all of them writes the report.
@@ -20,7 +20,6 @@ import argparse
 import json
 from pathlib import Path
 
-import gymnasium as gym
 import matplotlib
 
 matplotlib.use("Agg")
@@ -29,57 +28,24 @@ import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
-from agents.robot import TrueSuccessProbability, VecFrames, VecShaped, real_start_states
+from agents.robot import make_real_env, real_start_states
 from envs.robot import RealRT1Env
-from rlvr_gym.data.episodes import info_state
-from rlvr_gym.evaluation.policies import real_rollout, sb3_actor
+from rlvr_gym.evaluation.policies import real_rollout, sb3_real_actor
 from rlvr_gym.evaluation.report import markdown_table
 
 OUT = Path("runs/bench")
 REAL_ENVS = 4
 
 
-class StateObservation(gym.Wrapper):
-    """The real tabletop observed through its true state instead of its frame."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (17,), np.float32)
-
-    def reset(self, **kwargs):
-        _, info = self.env.reset(**kwargs)
-        return state_observation(info), info
-
-    def step(self, action):
-        _, reward, terminated, truncated, info = self.env.step(action)
-        return state_observation(info), reward, terminated, truncated, info
-
-
-def state_observation(info: dict) -> np.ndarray:
-    return np.concatenate([info_state(info), info["target_pos"][:2], [info["gripper_yaw"]]]).astype(np.float32)
-
-
 def make_env(observation: str, task: str, horizon: int, shaping: float, reach: float):
     """REAL_ENVS real tabletops, the reward shaped on the true state, observed as the arm says."""
-    if observation == "frames":  # as agents.robot.make_real_env, with REAL_ENVS envs
-        make = lambda: TrueSuccessProbability(RealRT1Env(task=task, horizon=horizon))  # noqa: E731
-        return VecFrames(VecShaped(VecMonitor(DummyVecEnv([make] * REAL_ENVS)), shaping, reach), 32)
-    make = lambda: StateObservation(TrueSuccessProbability(RealRT1Env(task=task, horizon=horizon)))  # noqa: E731
-    return VecShaped(VecMonitor(DummyVecEnv([make] * REAL_ENVS)), shaping, reach)
+    return make_real_env(task, horizon, shaping=shaping, reach=reach, observation=observation, num_envs=REAL_ENVS)
 
 
-def score(model: PPO, observation: str, task: str, episodes: int, horizon: int) -> float:
+def score(model: PPO, task: str, episodes: int, horizon: int) -> float:
     """Greedy success on held-out real starts."""
-    env = RealRT1Env(task=task, horizon=horizon)
-    frame_act = sb3_actor(model) if observation == "frames" else None
-
-    def act(frame: np.ndarray, info: dict) -> np.ndarray:
-        if frame_act is not None:
-            return frame_act(frame[None])[0]
-        return model.predict(state_observation(info), deterministic=True)[0]
-
+    env, act = RealRT1Env(task=task, horizon=horizon), sb3_real_actor(model)
     try:
         return float(np.mean([real_rollout(env, seed, act).success for _, seed in real_start_states(episodes, task)]))
     finally:
@@ -107,7 +73,7 @@ def run_arm(observation: str, reach: float, seed: int, args: argparse.Namespace)
     venv = make_env(observation, args.task, args.horizon, args.shaping, reach)
     model = PPO("MlpPolicy", venv, n_steps=256, batch_size=256, n_epochs=4, learning_rate=3e-4, seed=seed,
                 device="cpu", verbose=0)
-    scorer = Scorer(args.every, lambda m: score(m, observation, args.task, args.episodes, args.horizon))
+    scorer = Scorer(args.every, lambda m: score(m, args.task, args.episodes, args.horizon))
     model.learn(args.steps, callback=scorer)
     venv.close()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +84,7 @@ def run_arm(observation: str, reach: float, seed: int, args: argparse.Namespace)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="open_drawer")
-    parser.add_argument("--observations", nargs="+", default=["state", "frames"], choices=("state", "frames"))
+    parser.add_argument("--observations", nargs="+", default=["state", "frame"], choices=("state", "frame"))
     parser.add_argument("--reaches", nargs="+", type=float, default=[0.0, 5.0],
                         help="weights per metre of the reach term; 0: the success margin alone")
     parser.add_argument("--shaping", type=float, default=0.2, help="weight of the success margin's log-odds")

@@ -6,7 +6,8 @@
     python -m bench.sim_to_real --tasks open_drawer --seeds 0 --rounds 1 --real-steps 100 --sim-steps 512   # a smoke run
 
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
-`--shaping W` under TASK+shapingW/, with `--reach R` as well under TASK+shapingW+reachR/, a loop with
+`--shaping W` under TASK+shapingW/, with `--reach R` as well under TASK+shapingW+reachR/, agents on the state
+(`--observation state`) under TASK+...+state/, a loop with
 `--real-updates` under TASK+real-updates/, text refits with `--win-share F` under text+winF/, with `--surprise-on
 outcome` under text+surprise-outcome/, with `--text-replay` under text+replay/, with `--score-data` under
 TASK+score-data/; each loop in a directory of its own settings, loop-SEED-DIGEST) and reused by a rerun with the same settings, so seeds can run in parallel processes (`--seeds 0`,
@@ -118,7 +119,8 @@ def real_env(config: CoTrainConfig):
     if config.env == RT1_ENV:
         from agents.robot import make_real_env
 
-        return make_real_env(config.task, config.steps_per_episode, config.frame_size, config.shaping, config.reach)
+        return make_real_env(config.task, config.steps_per_episode, config.frame_size, config.shaping, config.reach,
+                             config.observation)
     from agents.textgame import RealTextWorldDiscreteEnv
 
     world = resolve_world(config)
@@ -201,6 +203,7 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
         key = {name: getattr(config, name) for name in REAL_ARM_FIELDS}
         key = {**key, "shaping": config.shaping} if config.shaping else key  # unshaped curves keep their old keys
         key = {**key, "reach": config.reach} if config.reach else key
+        key = {**key, "observation": config.observation} if config.observation != "frame" else key
     else:
         # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
         # agent pretrains do not change the other arms. Whether scorings are data changes the real-env arms too.
@@ -212,6 +215,8 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
             del key["precision"]
         if not config.reach:
             del key["reach"]
+        if config.observation == "frame":
+            del key["observation"]
         if arm == "frozen" and config.pretrain_steps:  # its first point; curves without one keep their old keys
             key["pretrain_steps"] = config.pretrain_steps
     return {**key, **extra}
@@ -246,6 +251,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     env, checkpoint = (TEXT_ENV, args.text_checkpoint) if task == "text" else (RT1_ENV, args.checkpoint)
     label = f"{task}+shaping{args.shaping:g}" if args.shaping and env == RT1_ENV else task  # the text sim takes none
     label = f"{label}+reach{args.reach:g}" if args.reach and env == RT1_ENV else label
+    label = f"{label}+state" if args.observation == "state" and env == RT1_ENV else label
     label = f"{label}+real-updates" if args.real_updates else label
     label = f"{label}+win{args.win_share:g}" if args.win_share and env == TEXT_ENV else label
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
@@ -306,6 +312,8 @@ def main() -> None:
                         help="tabletop: the learned simulators' weight products (`CoTrainConfig.precision`)")
     parser.add_argument("--shaping", type=float, default=0.0,
                         help="tabletop: weight of the shaped reward in the learned sim (`CoTrainConfig.shaping`)")
+    parser.add_argument("--observation", choices=("frame", "state"), default="frame",
+                        help="tabletop: what the agents see (`CoTrainConfig.observation`)")
     parser.add_argument("--reach", type=float, default=0.0,
                         help="tabletop: weight per metre of the shaped reward's reach term (`CoTrainConfig.reach`)")
     parser.add_argument("--replay", default="", help="episodes mixed into every tabletop refit (`rlvr-gym collect rt1`)")
@@ -342,6 +350,7 @@ def main() -> None:
                       "surprise_on": args.surprise_on, "score_data": args.score_data} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
                                         "replay": args.replay, "shaping": args.shaping, "reach": args.reach,
+                                        "observation": args.observation,
                                         "precision": args.precision,
                                         "real_updates": args.real_updates, "score_data": args.score_data}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps
@@ -380,6 +389,7 @@ def main() -> None:
                 scored = "-score-data" if config.score_data and config.env == TEXT_ENV else ""
                 shaped = f"-shaping{config.shaping:g}" if config.shaping and config.env == RT1_ENV else ""
                 shaped += f"-reach{config.reach:g}" if config.reach and config.env == RT1_ENV else ""
+                shaped += "-state" if config.observation == "state" else ""
                 curve = directory / f"{kind}-{seed}-{scale * budget}steps{scored}{shaped}.json"
                 agents = curve.with_suffix(".agents")
                 curves[name] = cached(curve, arm_key(config, kind, budget=scale * budget),
@@ -503,6 +513,8 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
               + (f"tabletop agents' reward shaped with weight {args.shaping:g}, in the learned sims from the "
                  "predicted state, in the real env from the true one; " if args.shaping else "")
               + (f"with a reach term of weight {args.reach:g} per metre; " if args.reach else "")
+              + ("tabletop agents observe the state (predicted in the learned sims, true in the real env), not frames; "
+                 if args.observation == "state" else "")
               + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
               "time), and as many in the simulator from the same starts (learned success). Intervals: 95% t over "
               "seeds."

@@ -851,10 +851,11 @@ def test_state_dynamics_learn_the_true_state_and_decide_the_simulators_success(t
     from dataclasses import replace
 
     import gymnasium as gym
+    from gymnasium.utils.env_checker import check_env
 
     import rlvr_gym  # noqa: F401  (registers the env ids)
     from envs.robot.tasks import task_from_instruction
-    from rlvr_gym.data.episodes import STATE_NAMES, write_shards
+    from rlvr_gym.data.episodes import STATE_NAMES, STATE_OBSERVATION_NAMES, state_observation, write_shards
     from rlvr_gym.data.robot import episode_starts, load_initial_states, write_initial_states
     from rlvr_gym.models.state_dynamics import dynamics_reach_distance, dynamics_success_probability
     from rlvr_gym.sim.robot import _Simulator, replay_success_scores
@@ -905,6 +906,29 @@ def test_state_dynamics_learn_the_true_state_and_decide_the_simulators_success(t
     assert reward == float(info["success_prob"] > 0.5) == float(terminated) and info["state_disagreement"] >= 0
     reach = dynamics_reach_distance(task_from_instruction(info["instruction"]), expected, starts.targets[0])
     assert info["reach_distance"] == pytest.approx(reach[0], abs=1e-5) and reach[0] > 0
+
+    # Observed as the state: the same dynamics, the same success, no frame drawn; the vector env the same per sub-env.
+    state_env = gym.make("RLVRWorld-RT1-v0", checkpoint=str(world_out), horizon=4, observation="state")
+    check_env(state_env.unwrapped, skip_render_check=True)
+    obs, _ = state_env.reset(seed=0, options={"index": 0})
+    assert state_env.observation_space.shape == (len(STATE_OBSERVATION_NAMES),) and obs.dtype == np.float32
+    np.testing.assert_allclose(obs, state_observation(starts.states[0], starts.targets[0]))
+    obs, state_reward, state_terminated, _, state_info = state_env.step(action)
+    np.testing.assert_allclose(obs, state_observation(expected[0], starts.targets[0]), atol=1e-5)
+    assert (state_reward, state_terminated) == (reward, terminated)
+    assert state_info["success_prob"] == pytest.approx(info["success_prob"], abs=1e-5)
+    assert state_info["uncertainty"] == state_info["state_disagreement"] == pytest.approx(info["state_disagreement"])
+    vector = gym.make_vec("RLVRWorld-RT1-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                          checkpoint=str(world_out), horizon=4, observation="state")
+    vector.reset(seed=0, options={"index": 0})
+    batch, *_ = vector.step(np.stack([action, action]))
+    np.testing.assert_allclose(batch, np.stack([obs, obs]), atol=1e-5)
+    with pytest.raises(ValueError, match="no frames to render"):
+        gym.make("RLVRWorld-RT1-v0", checkpoint=str(world_out), observation="state", render_mode="rgb_array")
+    with pytest.raises(ValueError, match="has none"):
+        gym.make("RLVRWorld-RT1-v0", checkpoint=str(world_dir), observation="state")
+    with pytest.raises(ValueError, match="observation must be one of"):
+        gym.make("RLVRWorld-RT1-v0", checkpoint=str(world_out), observation="pixels")
     sim = _Simulator.load(world_out, None, 0.0)
     episode = load_episodes(root / "heldout")[0]
     assert replay_success_scores(sim, [episode]).shape == (1,)

@@ -30,6 +30,10 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
     reach = replace(config, reach=5.0)
     assert arm_key(reach, "frozen") == {**frozen, "reach": 5.0} and "reach" not in frozen
     assert arm_key(reach, "real-1x", budget=100) == {**arm_key(config, "real-1x", budget=100), "reach": 5.0}
+    on_state = replace(config, observation="state")
+    assert arm_key(on_state, "frozen") == {**frozen, "observation": "state"} and "observation" not in frozen
+    assert arm_key(on_state, "real-1x", budget=100) == {**arm_key(config, "real-1x", budget=100),
+                                                         "observation": "state"}
     assert frozen != arm_key(loop_only, "frozen")
     (tmp_path / "world_model.json").write_text(json.dumps({"settings": {"success_hold": 2}}))
     assert arm_key(config, "frozen") != frozen
@@ -59,6 +63,7 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
 
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
     args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, reach=0.0,
+                              observation="frame",
                               real_updates=False,
                               win_share=0.0, surprise_on="state", text_replay="", pretrain_steps=0,
                               pretrain_checkpoint="", score_data=False)
@@ -67,6 +72,8 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     assert arm_label("close_drawer", replace_args(args, shaping=0.2)) == "close_drawer+shaping0.2"
     assert arm_label("open_drawer", replace_args(args, shaping=0.2, reach=5.0)) == "open_drawer+shaping0.2+reach5"
     assert arm_label("text", replace_args(args, reach=5.0)) == "text"
+    assert arm_label("open_drawer", replace_args(args, shaping=0.2, reach=5.0, observation="state")) \
+        == "open_drawer+shaping0.2+reach5+state"
     assert arm_label("close_drawer", replace_args(args, checkpoint="runs/x/world")) == "close_drawer+runs_x_world"
     assert arm_label("text", replace_args(args, shaping=0.2)) == "text"  # the text sim takes no shaping
     assert arm_label("text", replace_args(args, text_checkpoint="runs/y/final")) == "text+runs_y_final"
@@ -157,6 +164,7 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     args = argparse.Namespace(arms=["loop", "real-1x"], seeds=[0, 1], checkpoint="rt1-rlvr",
                               text_checkpoint="textgame-rlvr", rounds=2, real_steps=200, mle_steps=40, grpo_steps=5,
                               sim_steps=4096, text_sim_steps=1024, eval_episodes=16, pretrain_steps=2048,
+                              observation="frame",
                               score_data=False, check_episodes=0, shaping=0.0, reach=0.0)
     bench.write_report(args, runs)
     report = (tmp_path / "sim_to_real.md").read_text()
@@ -197,9 +205,10 @@ def test_the_loop_takes_a_precision_for_the_tabletop_simulator_only():
     check_config(CoTrainConfig(task="close_drawer", precision="bfloat16"))
     with pytest.raises(ValueError, match="--precision must be one of"):
         check_config(CoTrainConfig(task="close_drawer", precision="float16"))
-    with pytest.raises(ValueError, match="--precision and --reach are the tabletop"):
-        check_config(CoTrainConfig(env=TEXT_ENV, algo="dqn", precision="bfloat16"))
-    with pytest.raises(ValueError, match="--precision and --reach are the tabletop"):
-        check_config(CoTrainConfig(env=TEXT_ENV, algo="dqn", reach=5.0))
+    for tabletop_only in ({"precision": "bfloat16"}, {"reach": 5.0}, {"observation": "state"}):
+        with pytest.raises(ValueError, match="--precision, --reach and --observation are the tabletop"):
+            check_config(CoTrainConfig(env=TEXT_ENV, algo="dqn", **tabletop_only))
+    with pytest.raises(ValueError, match="--observation must be"):
+        check_config(CoTrainConfig(task="close_drawer", observation="pixels"))
     with pytest.raises(ValueError, match="--reach"):
         check_config(CoTrainConfig(task="close_drawer", reach=-1.0))

@@ -203,11 +203,37 @@ def test_the_reach_term_leads_to_where_the_expert_starts_the_work_and_shapes_by_
         make_real_env(task, reach=-1.0)
 
 
-def test_reach_shaping_needs_a_simulator_that_predicts_the_gripper(tiny_world):
+def test_reach_shaping_and_the_state_observation_need_a_simulator_that_predicts_the_state(tiny_world):
     with pytest.raises(ValueError, match="state dynamics"):
         make_sim_env(tiny_world, num_envs=1, reach=5.0)
+    with pytest.raises(ValueError, match="has none"):
+        make_sim_env(tiny_world, num_envs=1, observation="state")
+    with pytest.raises(ValueError, match="observation must be one of"):
+        make_sim_env(tiny_world, num_envs=1, observation="pixels")
     with pytest.raises(ValueError, match="tabletop"):
         build(Args(env="RLVRWorld-TextGame-v0", algo="dqn", reach=5.0))
+
+
+def test_an_agent_on_the_state_sees_the_true_state_in_the_real_env_and_is_scored_on_it():
+    from agents.robot import StateObservation, make_real_env
+    from rlvr_gym.data.episodes import info_state
+    from rlvr_gym.evaluation.policies import acts_on_state, sb3_real_actor
+
+    env = StateObservation(RealRT1Env(task="open_drawer", horizon=5))
+    obs, info = env.reset(seed=3)
+    assert env.observation_space.contains(obs)
+    np.testing.assert_allclose(obs, [*info_state(info), *info["target_pos"][:2]])
+    obs, _, _, _, info = env.step(np.array([0.5, 0, 0, 0, 0, 0, 1], np.float32))
+    np.testing.assert_allclose(obs[:3], info["gripper_pos"], atol=1e-6)
+    env.close()
+    venv = make_real_env("open_drawer", horizon=5, observation="state", reach=5.0, num_envs=2)
+    model = PPO("MlpPolicy", venv, n_steps=8, batch_size=16, seed=0, device="cpu").learn(16)
+    assert acts_on_state(model) and sb3_real_actor(model)(None, info).shape == (7,)
+    first = evaluate_in_real(model, episodes=2, task="open_drawer", horizon=5)
+    assert first == evaluate_in_real(model, episodes=2, task="open_drawer", horizon=5), "greedy: the same twice"
+    venv.close()
+    with pytest.raises(ValueError, match="observation must be one of"):
+        make_real_env("open_drawer", observation="pixels")
 
 
 @pytest.mark.parametrize("env, algo", [("RLVRWorld-RT1-v0", "dqn"), ("RLVRWorld-TextGame-v0", "sac")])
@@ -281,6 +307,10 @@ def test_a_loop_with_state_dynamics_refits_them_on_the_agents_transitions_and_ke
                                    replay=train_dir, mle_steps=1, grpo_steps=1, dynamics_steps=5, n_steps=8,
                                    shaping=0.2, reach=5.0)
     record = cotrain.run_cotrain(config)
+    # An agent on the state: it collects, is scored and trains on the state, real and predicted alike.
+    on_state = cotrain.run_cotrain(replace(config, out=str(tmp_path / "state"), observation="state", real_updates=True))
+    agent = PPO.load(tmp_path / "state" / "agent.zip", device="cpu")
+    assert agent.observation_space.shape == (16,) and 0.0 <= on_state["real_success"] <= 1.0
     before = RobotWorldModel.load(world).state_dynamics.state_dict()
     after = RobotWorldModel.load(record["world"]).state_dynamics.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "the dynamics were refit"
@@ -369,7 +399,7 @@ def test_the_reach_benchmark_trains_each_observation_in_the_real_env_and_reuses_
     import bench.rt1_reach as bench
 
     monkeypatch.setattr(bench, "OUT", tmp_path)
-    for observation, shape in (("state", (17,)), ("frames", (32, 32, 3))):
+    for observation, shape in (("state", (16,)), ("frame", (32, 32, 3))):
         venv = bench.make_env(observation, "open_drawer", 50, 0.2, 5.0)
         assert venv.num_envs == bench.REAL_ENVS and venv.reset().shape == (bench.REAL_ENVS, *shape)
         venv.close()

@@ -35,6 +35,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tqdm import tqdm
 
+from rlvr_gym.data.episodes import STATE_OBSERVATION_NAMES, info_state, state_observation
 from rlvr_gym.data.robot import InitialStates, load_initial_states
 from rlvr_gym.models.lm import CheckpointError
 from rlvr_gym.models.robot_world_model import RobotWorldModel
@@ -91,8 +92,11 @@ def mae(sim: Sequence[float], real: Sequence[float]) -> float:
 
 # ---------------------------------------------------------------------------------------------------- policies
 
-FrameActor = Callable[[np.ndarray], np.ndarray]
-"""A batch of 64x64 frames (N, 64, 64, 3) uint8 -> actions (N, 7)."""
+Actor = Callable[[np.ndarray], np.ndarray]
+"""A batch of what the learned env shows, 64x64 frames (N, 64, 64, 3) uint8 or with `observation="state"` state
+observations (N, len(STATE_OBSERVATION_NAMES)) -> actions (N, 7)."""
+RealActor = Callable[[np.ndarray, dict], np.ndarray]
+"""(real frame, real info) -> action (7,): one step of a policy in the real tabletop."""
 
 
 def policy_frames(frames: np.ndarray, size: int) -> np.ndarray:
@@ -116,8 +120,16 @@ def sb3_frame_size(model: BaseAlgorithm) -> int:
     return int(shape[1])
 
 
-def sb3_actor(model: BaseAlgorithm) -> FrameActor:
-    """Deterministic actions of an SB3 model on 64x64 frames, downsampled to the size it was trained on."""
+def acts_on_state(model: BaseAlgorithm) -> bool:
+    """Whether an SB3 model observes the tabletop's state (STATE_OBSERVATION_NAMES) rather than frames."""
+    return tuple(model.observation_space.shape) == (len(STATE_OBSERVATION_NAMES),)
+
+
+def sb3_actor(model: BaseAlgorithm) -> Actor:
+    """Deterministic actions of an SB3 model on a batch of 64x64 frames, downsampled to the size it was trained on;
+    a model on the state takes the learned env's state observations as they are."""
+    if acts_on_state(model):
+        return lambda obs: np.asarray(model.predict(obs, deterministic=True)[0], np.float32).reshape(len(obs), -1)
     size = sb3_frame_size(model)
 
     def act(frames: np.ndarray) -> np.ndarray:
@@ -125,6 +137,19 @@ def sb3_actor(model: BaseAlgorithm) -> FrameActor:
         return np.asarray(actions, dtype=np.float32).reshape(len(frames), -1)
 
     return act
+
+
+def sb3_real_actor(model: BaseAlgorithm) -> RealActor:
+    """One deterministic action of an SB3 model in the real tabletop: on the frame, or for a model on the state on
+    the true state and target the real env's info holds (what `agents.robot.StateObservation` shows it)."""
+    if acts_on_state(model):
+        def act(_frame: np.ndarray, info: dict) -> np.ndarray:
+            observation = state_observation(info_state(info), info["target_pos"])
+            return np.asarray(model.predict(observation, deterministic=True)[0], np.float32).reshape(-1)
+
+        return act
+    batch_act = sb3_actor(model)
+    return lambda frame, _info: batch_act(frame[None])[0]
 
 
 def load_sb3(spec: str) -> BaseAlgorithm:
@@ -191,7 +216,7 @@ class Job:
 
     row: int
     actions: np.ndarray | None = None
-    actor: FrameActor | None = None
+    actor: Actor | None = None
 
 
 def learned_rollouts(venv: RT1WorldVectorEnv, jobs: Sequence[Job], seed: int = 0) -> list[tuple[bool, int, float]]:
@@ -208,7 +233,7 @@ def learned_rollouts(venv: RT1WorldVectorEnv, jobs: Sequence[Job], seed: int = 0
     bar = tqdm(total=len(jobs), desc="learned env", unit="episode", leave=False)
     while any(j is not None for j in slots):
         actions = np.zeros((n, 7), dtype=np.float32)
-        by_actor: dict[int, tuple[FrameActor, list[int]]] = {}
+        by_actor: dict[int, tuple[Actor, list[int]]] = {}
         for i, j in enumerate(slots):
             if j is None:
                 continue
@@ -297,7 +322,12 @@ def run_rt1_policy_eval(config: RT1PolicyEvalConfig) -> dict:
     names = [f"scripted-{s:.1f}" for s in config.skills] + list(config.sb3)
     if len(names) < 2:
         raise ValueError("a ladder needs at least two policies: give more --skills or --sb3 checkpoints")
-    actors = {spec: sb3_actor(load_sb3(spec)) for spec in config.sb3}
+    models = {spec: load_sb3(spec) for spec in config.sb3}
+    on_state = [spec for spec, model in models.items() if acts_on_state(model)]
+    if on_state:
+        raise ValueError(f"{on_state} act on the tabletop's state; this evaluation's learned env shows frames "
+                         "(score them with agents.robot.evaluate_in_real and in RLVRWorld-RT1-v0(observation='state'))")
+    actors = {spec: sb3_actor(model) for spec, model in models.items()}
 
     real_envs = {name: RealRT1Env(task=name, horizon=config.horizon) for name in sorted(set(states.tasks[rows].tolist()))}
     records, jobs = [], []

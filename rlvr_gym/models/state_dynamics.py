@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from envs.robot.policies import reach_point
 from envs.robot.tasks import Task, success_margin
 from rlvr_gym.data.episodes import ACTION_DIM, STATE_NAMES
 from rlvr_gym.models.state_reader import margin_probability
@@ -40,8 +41,6 @@ def dynamics_margin(task: Task, states: np.ndarray, target_xy: np.ndarray) -> np
 def dynamics_reach_distance(task: Task, states: np.ndarray, target_xy: np.ndarray) -> np.ndarray:
     """Distance (m) from the palm to where the task's work starts (`envs.robot.policies.reach_point`) on states
     (N, len(STATE_NAMES)), the target marker's centre (2,) or (N, 2)."""
-    from envs.robot.policies import reach_point
-
     states = np.asarray(states, dtype=np.float64)
     target = np.broadcast_to(np.asarray(target_xy, dtype=np.float64), (len(states), 2))
     point = reach_point(task, states[:, OBJECTS].reshape(-1, 3, 3), states[:, DRAWER], target)

@@ -21,7 +21,15 @@ from tqdm import tqdm
 
 from envs.robot.tasks import Task, task_from_instruction
 from rlvr_gym.data import video_tokens as V
-from rlvr_gym.data.episodes import STATE_NAMES, Episode, load_episodes, write_shards
+from rlvr_gym.data.episodes import (
+    STATE_NAMES,
+    STATE_OBSERVATION_BOUND,
+    STATE_OBSERVATION_NAMES,
+    Episode,
+    load_episodes,
+    state_observation,
+    write_shards,
+)
 from rlvr_gym.data.robot import InitialStates, concatenate_starts, episode_starts, load_initial_states
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.files import CheckpointError
@@ -35,6 +43,13 @@ from rlvr_gym.sim.vector import reset_arguments
 IMAGE_SHAPE = (64, 64, 3)
 DEFAULT_CHECKPOINT = "rt1-rlvr"
 DEFAULT_HORIZON = 50
+OBSERVATIONS = ("frame", "state")
+
+
+def state_observation_space() -> gym.spaces.Box:
+    """What an agent on the tabletop's state sees, in the learned env and the real one (STATE_OBSERVATION_NAMES)."""
+    bound = STATE_OBSERVATION_BOUND
+    return gym.spaces.Box(-bound, bound, (len(STATE_OBSERVATION_NAMES),), np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------- simulator core
@@ -114,14 +129,21 @@ class _Simulator:
     guard: Guard = field(default_factory=Guard)
     true_starts: tuple[np.ndarray, np.ndarray] | None = None
     """With state dynamics: each initial state's true state and target marker centre (`InitialStates.true_states`)."""
+    observation: str = "frame"
+    """"frame": the video model draws each step's frame; "state": only the state dynamics step, no frame is drawn."""
 
     @classmethod
     def load(cls, checkpoint: str | os.PathLike, task: str | None, temperature: float,
              device: str | torch.device = "cpu", guard: Guard | None = None, success_hold: int | None = None,
-             precision: str = "float32") -> _Simulator:
+             precision: str = "float32", observation: str = "frame") -> _Simulator:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
         world = RobotWorldModel.load(checkpoint, device, precision)
+        if observation == "state" and world.state_dynamics is None:
+            raise ValueError(f"observation='state' shows the state the world model's state dynamics predict: "
+                             f"{checkpoint} has none (rlvr-gym train state-dynamics; the shipped rt1-dynamics has them)")
         if success_hold is not None:  # None: the checkpoint's; the settings check the value
             world.settings = replace(world.settings, success_hold=success_hold)
         states = load_initial_states(RobotWorldModel.resolve(checkpoint))
@@ -136,7 +158,7 @@ class _Simulator:
             raise CheckpointError(f"{checkpoint}: {error}; add them with `rlvr-gym train state-dynamics --world-model` "
                                   "(it records them by resetting the real env at each seed)") from None
         return cls(world, states, first_codes, SamplingConfig(temperature=temperature), first_states, guard or Guard(),
-                   true_starts)
+                   true_starts, observation)
 
     def add_starts(self, states: InitialStates) -> np.ndarray:
         """Append `states` (real first frames, e.g. the held-out starts an agent is scored from in the real env) to
@@ -198,7 +220,14 @@ class _Simulator:
         return task
 
     def advance(self, rollouts: list[_Rollout], actions: np.ndarray, generator: torch.Generator | None) -> None:
-        """Predict the next frame of every rollout under its action with one batched `rollout` call."""
+        """Predict the next frame of every rollout under its action with one batched `rollout` call (with
+        `observation="state"`, the next state alone)."""
+        if self.observation == "state":
+            for rollout, probability in zip(rollouts, self._step_states(rollouts, actions)):
+                rollout.success_prob, rollout.uncertainty = float(probability), rollout.state_disagreement
+                rollout.held = rollout.held + 1 if probability > rollout.threshold else 0
+                rollout.steps += 1
+            return
         for rollout, action in zip(rollouts, actions):
             rollout.actions.append(action)
         prompts = [self.world.prompt(list(r.codes), list(r.flags), list(r.actions)) for r in rollouts]
@@ -208,13 +237,7 @@ class _Simulator:
         if self.world.state_dynamics is not None:
             # Success on the state the dynamics predicts under the same actions: the frames lose what a large move
             # does (the gripper smears, the drawer is not shown closing), the state keeps it.
-            actions = np.asarray(actions, np.float32)
-            states, spread = self.world.state_dynamics.step(np.stack([r.predicted_state for r in rollouts]), actions,
-                                                            np.stack([r.prev_action for r in rollouts]))
-            for i, rollout in enumerate(rollouts):
-                rollout.predicted_state, rollout.prev_action = states[i], actions[i]
-                rollout.state_disagreement = float(spread[i])
-                result.success[i, 0] = dynamics_success_probability(rollout.task, states[i : i + 1], rollout.target)[0]
+            result.success[:, 0] = self._step_states(rollouts, actions)
         elif self.world.state_reader is not None:
             # Success read off the frames shown: the task's own test on the state the reader sees in them.
             states = self.world.state_reader.read(result.frames[:, 0])
@@ -231,6 +254,32 @@ class _Simulator:
             rollout.frame, rollout.success_prob, rollout.error = result.frames[i, 0], float(result.success[i, 0]), result.errors[i]
             rollout.uncertainty = float(result.uncertainty[i, 0])
             rollout.steps += 1
+
+    def _step_states(self, rollouts: list[_Rollout], actions: np.ndarray) -> np.ndarray:
+        """Step every rollout's predicted state under its action; returns the task's success probability on each."""
+        actions = np.asarray(actions, np.float32)
+        states, spread = self.world.state_dynamics.step(np.stack([r.predicted_state for r in rollouts]), actions,
+                                                        np.stack([r.prev_action for r in rollouts]))
+        probabilities = np.empty(len(rollouts))
+        for i, rollout in enumerate(rollouts):
+            rollout.predicted_state, rollout.prev_action = states[i], actions[i]
+            rollout.state_disagreement = float(spread[i])
+            probabilities[i] = dynamics_success_probability(rollout.task, states[i : i + 1], rollout.target)[0]
+        return probabilities
+
+    def observe(self, rollout: _Rollout | None) -> np.ndarray:
+        """What the agent sees of a rollout: its frame, or its predicted state and the target marker's centre."""
+        if self.observation == "state":
+            return (np.zeros(len(STATE_OBSERVATION_NAMES), np.float32) if rollout is None
+                    else state_observation(rollout.predicted_state, rollout.target))
+        return np.zeros(IMAGE_SHAPE, np.uint8) if rollout is None else rollout.frame.copy()
+
+    def spaces(self) -> tuple[gym.spaces.Box, gym.spaces.Box]:
+        """Observation and action space of one env."""
+        actions = gym.spaces.Box(-1.0, 1.0, (V.ACTION_DIM,), np.float32)
+        if self.observation == "state":
+            return state_observation_space(), actions
+        return gym.spaces.Box(0, 255, IMAGE_SHAPE, np.uint8), actions
 
     def halted(self, rollout: _Rollout) -> bool:
         return rollout.steps > 0 and self.guard.halts(rollout.uncertainty)
@@ -492,15 +541,18 @@ def _check_actions(actions: Any, shape: tuple[int, ...]) -> np.ndarray:
     return np.clip(array.astype(np.float32), -1.0, 1.0)
 
 
-def _check_args(horizon: int, render_mode: str | None, render_modes: list[str]) -> None:
+def _check_args(horizon: int, render_mode: str | None, render_modes: list[str], observation: str) -> None:
     if horizon < 1:
         raise ValueError(f"horizon must be a positive number of steps, got {horizon}")
+    if render_mode is not None and observation == "state":
+        raise ValueError("observation='state' draws no frames to render: use render_mode=None")
     if render_mode is not None and render_mode not in render_modes:
         raise ValueError(f"render_mode must be None or one of {render_modes}, got {render_mode!r}")
 
 
-def _spaces() -> tuple[gym.spaces.Box, gym.spaces.Box]:
-    return gym.spaces.Box(0, 255, IMAGE_SHAPE, np.uint8), gym.spaces.Box(-1.0, 1.0, (V.ACTION_DIM,), np.float32)
+def _metadata(metadata: dict[str, Any], observation: str) -> dict[str, Any]:
+    """An env's metadata: no render mode where no frame is drawn."""
+    return {**metadata, "render_modes": []} if observation == "state" else metadata
 
 
 # ---------------------------------------------------------------------------------------------------- single env
@@ -523,7 +575,12 @@ class RT1WorldEnv(gym.Env):
     dimension in one of 256 bins. An action of the wrong shape, a non-numeric dtype, or NaN / inf raises ValueError.
 
     ## Observation Space
-    `Box(0, 255, (64, 64, 3), uint8)`: the real first frame after reset, then the decoded predicted frames.
+    `Box(0, 255, (64, 64, 3), uint8)`: the real first frame after reset, then the decoded predicted frames. With
+    `observation="state"` (a checkpoint with state dynamics): `Box(-inf, inf, (16,), float32)`, the state the dynamics
+    predict and the target marker's centre (`rlvr_gym.data.episodes.STATE_OBSERVATION_NAMES`: palm position,
+    closedness, object centres, drawer joint, target x and y, in metres), the real start state's at reset; no frame
+    is drawn, so a step costs the dynamics' small MLPs alone, and the real env shows an agent the same numbers through
+    `agents.robot.StateObservation`.
 
     ## Rewards
     1.0 when the model's success probability has exceeded the checkpoint's threshold for the episode's task
@@ -563,6 +620,8 @@ class RT1WorldEnv(gym.Env):
     - `success_hold`: consecutive frames the success probability must stay above the threshold (None: the
       checkpoint's `success_hold`, 2 for rt1-rlvr). A success the real env gives persists; many the model invents
       last one frame.
+    - `observation`: "frame" (default) or "state" (above; `info["uncertainty"]` is then the dynamics' disagreement,
+      `info["state_disagreement"]`, and `render_mode` must be None).
     - `precision`: "float32" (default) or "bfloat16": the world model's weight products in bfloat16 (`PRECISIONS`
       in rlvr_gym.models.robot_world_model), faster on a CPU with AVX-512 BF16 or a GPU; its frames and success
       calls differ slightly from float32's (`python -m bench.rt1_sim` measures both), and batched greedy rollouts
@@ -583,15 +642,17 @@ class RT1WorldEnv(gym.Env):
         halt_uncertainty: float | None = None,
         success_hold: int | None = None,
         precision: str = "float32",
+        observation: str = "frame",
     ):
-        _check_args(horizon, render_mode, self.metadata["render_modes"])
+        _check_args(horizon, render_mode, self.metadata["render_modes"], observation)
+        self.metadata = _metadata(self.metadata, observation)
         self.sim = _Simulator.load(checkpoint, task, temperature, device, Guard(uncertainty_penalty, halt_uncertainty),
-                                   success_hold, precision)
+                                   success_hold, precision, observation)
         self.horizon = horizon
         self.task = task
         self.temperature = temperature
         self.render_mode = render_mode
-        self.observation_space, self.action_space = _spaces()
+        self.observation_space, self.action_space = self.sim.spaces()
         self._rollout: _Rollout | None = None
         # On the CPU wherever the model runs: the same seed draws the same samples on any device.
         self._generator = torch.Generator()
@@ -600,7 +661,7 @@ class RT1WorldEnv(gym.Env):
         super().reset(seed=seed)
         self._rollout = self.sim.start(self.np_random, (options or {}).get("index"))
         self._generator.manual_seed(self._rollout.sample_seed)
-        return self._rollout.frame.copy(), self.sim.info(self._rollout)
+        return self.sim.observe(self._rollout), self.sim.info(self._rollout)
 
     def step(self, action):
         if self._rollout is None:
@@ -609,7 +670,7 @@ class RT1WorldEnv(gym.Env):
         self.sim.advance([self._rollout], action[None], self._generator)
         info = self.sim.info(self._rollout)
         reward, terminated, truncated = self.sim.outcome(self._rollout, self.horizon)
-        return self._rollout.frame.copy(), reward, terminated, truncated, info
+        return self.sim.observe(self._rollout), reward, terminated, truncated, info
 
     def render(self):
         if self.render_mode is None:
@@ -664,20 +725,21 @@ class RT1WorldVectorEnv(VectorEnv):
         halt_uncertainty: float | None = None,
         success_hold: int | None = None,
         precision: str = "float32",
+        observation: str = "frame",
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        _check_args(horizon, render_mode, self.metadata["render_modes"])
+        _check_args(horizon, render_mode, self.metadata["render_modes"], observation)
         self.autoreset_mode = AutoresetMode(autoreset_mode)
-        self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
+        self.metadata = _metadata({**self.metadata, "autoreset_mode": self.autoreset_mode}, observation)
         self.sim = _Simulator.load(checkpoint, task, temperature, device, Guard(uncertainty_penalty, halt_uncertainty),
-                                   success_hold, precision)
+                                   success_hold, precision, observation)
         self.num_envs = num_envs
         self.horizon = horizon
         self.task = task
         self.temperature = temperature
         self.render_mode = render_mode
-        self.single_observation_space, self.single_action_space = _spaces()
+        self.single_observation_space, self.single_action_space = self.sim.spaces()
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self._rngs = [seeding.np_random()[0] for _ in range(num_envs)]
@@ -730,7 +792,7 @@ class RT1WorldVectorEnv(VectorEnv):
             final_obs = np.full(self.num_envs, None, dtype=object)
             final_infos = [None] * self.num_envs
             for i in np.flatnonzero(ended):
-                final_obs[i], final_infos[i] = self._rollouts[i].frame.copy(), self.sim.info(self._rollouts[i])
+                final_obs[i], final_infos[i] = self.sim.observe(self._rollouts[i]), self.sim.info(self._rollouts[i])
                 self._rollouts[i] = self.sim.start(self._rngs[i])
             final = {"final_obs": final_obs, "_final_obs": ended.copy(), "final_info": self._batch_infos(final_infos),
                      "_final_info": ended.copy()}  # fmt: skip
@@ -743,7 +805,7 @@ class RT1WorldVectorEnv(VectorEnv):
         return tuple(r.frame.copy() if r is not None else np.zeros(IMAGE_SHAPE, np.uint8) for r in self._rollouts)
 
     def _observations(self) -> np.ndarray:
-        return np.stack([r.frame if r is not None else np.zeros(IMAGE_SHAPE, np.uint8) for r in self._rollouts])
+        return np.stack([self.sim.observe(r) for r in self._rollouts])
 
     def _infos(self, rows: np.ndarray) -> dict[str, Any]:
         mask = np.zeros(self.num_envs, dtype=bool)
