@@ -130,6 +130,10 @@ class CoTrainConfig:
     dynamics_steps: int = 200
     """RT-1 world models with state dynamics: steps of refitting them on the agent's real transitions and the
     replay's in each refit (their success is the task's own test on the predicted state: no recalibration)."""
+    agent_share: float = 0.0
+    """RT-1 state dynamics refits: least share of the agent's own real transitions in the refit's data, its episodes
+    repeated until they make it (0: as they come). The agent's few episodes among the replay's thousands otherwise
+    barely move the dynamics where the agent goes."""
     recalibrate: bool = True
     """RT-1: after each refit, set the task's success threshold afresh from open-loop replays of real episodes (every
     agent episode so far, and up to `calibration_replay` of the replay's for the task; `sim.robot.recalibrate_task`):
@@ -439,7 +443,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
                     save_every=max(config.mle_steps, 1), seed=config.seed, resume=(out / "mle" / "checkpoints").exists())
     world.lm = load_model(train_sft(sft, examples))[0].eval()
     if world.state_dynamics is not None and config.dynamics_steps:
-        world.state_dynamics = refit_dynamics(config, state, out, agent_data)
+        world.state_dynamics = refit_dynamics(config, state, out, agent_data, seen, replay)
     mle_dir = save_with_initial_states(world, state.world, out / "world_mle")
     # The simulator resets from its own real start states and every one the agent has seen: with the agent's alone,
     # the first round's agent would learn from a handful of starts.
@@ -467,18 +471,27 @@ def rt1_agent_data(config: CoTrainConfig, state: State, run_dir: Path) -> list[P
     return [d for d in collected if d.is_dir()] + scorings
 
 
-def refit_dynamics(config: CoTrainConfig, state: State, out: Path, agent_data: list[Path]):
-    """The world model's state dynamics fit further on the agent's real episodes (`rt1_agent_data`) and the replay
-    (out/dynamics, resumable)."""
+def refit_dynamics(config: CoTrainConfig, state: State, out: Path, agent_data: list[Path], seen: list,
+                   replay: list):
+    """The world model's state dynamics fit further on the agent's real episodes (`rt1_agent_data`, the episodes
+    `seen`), repeated to make `agent_share` of the data, and the replay's (out/dynamics, resumable)."""
     from rlvr_gym.models.robot_world_model import load_state_dynamics
     from rlvr_gym.train.state_dynamics import DynamicsConfig, train_state_dynamics
 
-    data = tuple(str(directory) for directory in agent_data)
+    repeats = agent_repeats(sum(len(e) for e in seen), sum(len(e) for e in replay), config.agent_share)
+    data = tuple(str(directory) for directory in agent_data) * repeats
     dynamics = DynamicsConfig(run_dir=str(out / "dynamics"), model=str(Path(state.world) / "state_dynamics"),
                               data=data + ((config.replay,) if config.replay else ()), steps=config.dynamics_steps,
                               lr=3e-4, warmup_steps=0, save_every=config.dynamics_steps, seed=config.seed,
                               resume=(out / "dynamics" / "checkpoints").exists())
     return load_state_dynamics(train_state_dynamics(dynamics))
+
+
+def agent_repeats(agent_steps: int, replay_steps: int, share: float) -> int:
+    """How many times the agent's transitions go into a refit so that they make at least `share` of it."""
+    if share <= 0 or agent_steps == 0:
+        return 1
+    return max(1, math.ceil(share * replay_steps / ((1 - share) * agent_steps)))
 
 
 def recalibrate_rt1(world_dir: Path, config: CoTrainConfig, seen: list, replay: list, out: Path) -> str:
@@ -843,6 +856,8 @@ def check_config(config: CoTrainConfig) -> None:
         raise ValueError("--real-updates in the text games takes --algo dqn")
     if config.surprise_on not in ("state", "outcome"):
         raise ValueError(f"--surprise-on is state or outcome, got {config.surprise_on!r}")
+    if not 0 <= config.agent_share < 1:
+        raise ValueError(f"--agent-share must be in [0, 1), got {config.agent_share}")
     if not 0 <= config.win_share < 1:
         raise ValueError(f"--win-share is a fraction in [0, 1), got {config.win_share}")
     if config.env == TEXT_ENV and config.exploration > 1:

@@ -207,8 +207,8 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     else:
         # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
         # agent pretrains do not change the other arms. Whether scorings are data changes the real-env arms too.
-        loop_only = ("out", "real_updates", "win_share", "surprise_on", "pretrain_steps", "pretrain_checkpoint",
-                     *(() if arm.startswith("real") else ("score_data",)))
+        loop_only = ("out", "real_updates", "win_share", "agent_share", "surprise_on", "pretrain_steps",
+                     "pretrain_checkpoint", *(() if arm.startswith("real") else ("score_data",)))
         key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
                "world": world_fingerprint(config)}
         if config.precision == "float32":  # curves from before the setting existed keep their keys
@@ -252,6 +252,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = f"{task}+shaping{args.shaping:g}" if args.shaping and env == RT1_ENV else task  # the text sim takes none
     label = f"{label}+reach{args.reach:g}" if args.reach and env == RT1_ENV else label
     label = f"{label}+state" if args.observation == "state" and env == RT1_ENV else label
+    label = f"{label}+agent{args.agent_share:g}" if args.agent_share and env == RT1_ENV else label
     label = f"{label}+real-updates" if args.real_updates else label
     label = f"{label}+win{args.win_share:g}" if args.win_share and env == TEXT_ENV else label
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
@@ -314,6 +315,9 @@ def main() -> None:
                         help="tabletop: weight of the shaped reward in the learned sim (`CoTrainConfig.shaping`)")
     parser.add_argument("--observation", choices=("frame", "state"), default="frame",
                         help="tabletop: what the agents see (`CoTrainConfig.observation`)")
+    parser.add_argument("--agent-share", type=float, default=0.0,
+                        help="tabletop: least share of the agent's transitions in each dynamics refit "
+                             "(`CoTrainConfig.agent_share`)")
     parser.add_argument("--reach", type=float, default=0.0,
                         help="tabletop: weight per metre of the shaped reward's reach term (`CoTrainConfig.reach`)")
     parser.add_argument("--replay", default="", help="episodes mixed into every tabletop refit (`rlvr-gym collect rt1`)")
@@ -350,7 +354,7 @@ def main() -> None:
                       "surprise_on": args.surprise_on, "score_data": args.score_data} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
                                         "replay": args.replay, "shaping": args.shaping, "reach": args.reach,
-                                        "observation": args.observation,
+                                        "observation": args.observation, "agent_share": args.agent_share,
                                         "precision": args.precision,
                                         "real_updates": args.real_updates, "score_data": args.score_data}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps

@@ -15,6 +15,7 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
     (tmp_path / "world_model.json").write_text(json.dumps({"settings": {"success_hold": 1}}))
     config = CoTrainConfig(checkpoint=str(tmp_path), task="close_drawer", seed=0)
     loop_only = replace(config, mle_steps=5, grpo_steps=0, out="elsewhere", recalibrate=False)
+    assert arm_key(replace(config, agent_share=0.5), "frozen") == arm_key(config, "frozen"), "the loop's refits only"
     # A tabletop real arm never touches the world model or the refits.
     assert arm_key(config, "real-1x", budget=100) == arm_key(loop_only, "real-1x", budget=100)
     for other in (replace(config, seed=1), replace(config, task="open_drawer"), replace(config, eval_episodes=4)):
@@ -63,8 +64,7 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
 
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
     args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, reach=0.0,
-                              observation="frame",
-                              real_updates=False,
+                              observation="frame", agent_share=0.0, real_updates=False,
                               win_share=0.0, surprise_on="state", text_replay="", pretrain_steps=0,
                               pretrain_checkpoint="", score_data=False)
     assert arm_label("close_drawer", args) == "close_drawer"
@@ -74,6 +74,7 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     assert arm_label("text", replace_args(args, reach=5.0)) == "text"
     assert arm_label("open_drawer", replace_args(args, shaping=0.2, reach=5.0, observation="state")) \
         == "open_drawer+shaping0.2+reach5+state"
+    assert arm_label("open_drawer", replace_args(args, agent_share=0.5)) == "open_drawer+agent0.5"
     assert arm_label("close_drawer", replace_args(args, checkpoint="runs/x/world")) == "close_drawer+runs_x_world"
     assert arm_label("text", replace_args(args, shaping=0.2)) == "text"  # the text sim takes no shaping
     assert arm_label("text", replace_args(args, text_checkpoint="runs/y/final")) == "text+runs_y_final"
@@ -212,3 +213,14 @@ def test_the_loop_takes_a_precision_for_the_tabletop_simulator_only():
         check_config(CoTrainConfig(task="close_drawer", observation="pixels"))
     with pytest.raises(ValueError, match="--reach"):
         check_config(CoTrainConfig(task="close_drawer", reach=-1.0))
+
+
+def test_the_agents_transitions_are_repeated_to_make_their_share_of_a_dynamics_refit():
+    from agents.cotrain import agent_repeats
+
+    assert agent_repeats(100, 10_000, 0.0) == 1 and agent_repeats(0, 10_000, 0.5) == 1
+    assert agent_repeats(100, 10_000, 0.5) == 100
+    repeats = agent_repeats(300, 10_000, 0.25)
+    assert 300 * repeats / (300 * repeats + 10_000) >= 0.25 > 300 * (repeats - 1) / (300 * (repeats - 1) + 10_000)
+    with pytest.raises(ValueError, match="--agent-share"):
+        check_config(CoTrainConfig(task="close_drawer", agent_share=1.0))
