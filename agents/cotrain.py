@@ -130,6 +130,9 @@ class CoTrainConfig:
     dynamics_steps: int = 200
     """RT-1 world models with state dynamics: steps of refitting them on the agent's real transitions and the
     replay's in each refit (their success is the task's own test on the predicted state: no recalibration)."""
+    uncertainty_penalty: float = 0.0
+    """RT-1: the agent's reward in the learned sim less this times the simulator's uncertainty each step (MOPO:
+    `RLVRWorld-RT1-v0`'s `uncertainty_penalty`; with `observation="state"` the state dynamics' disagreement)."""
     agent_share: float = 0.0
     """RT-1 state dynamics refits: least share of the agent's own real transitions in the refit's data, its episodes
     repeated until they make it (0: as they come). The agent's few episodes among the replay's thousands otherwise
@@ -310,7 +313,7 @@ def make_sim_env(config: CoTrainConfig, world: str):
 
         return make_rt1_env(world, config.num_envs, config.task, config.steps_per_episode, config.frame_size,
                             shaping=config.shaping, precision=config.precision, reach=config.reach,
-                            observation=config.observation)
+                            observation=config.observation, uncertainty_penalty=config.uncertainty_penalty)
     from rlvr_gym.sim.sb3 import SB3VecEnv
     from rlvr_gym.sim.textgame import TextGameDiscreteVectorEnv
 
@@ -842,16 +845,18 @@ def check_config(config: CoTrainConfig) -> None:
             raise ValueError(f"--precision must be one of {PRECISIONS}, got {config.precision!r}")
         if config.observation not in ("frame", "state"):
             raise ValueError(f"--observation must be frame or state, got {config.observation!r}")
-    elif config.precision != "float32" or config.reach or config.observation != "frame":
-        raise ValueError("--precision, --reach and --observation are the tabletop simulator's (RLVRWorld-RT1-v0)")
+    elif config.precision != "float32" or config.reach or config.observation != "frame" or config.uncertainty_penalty:
+        raise ValueError("--precision, --reach, --observation and --uncertainty-penalty are the tabletop simulator's "
+                         "(RLVRWorld-RT1-v0)")
     for name in ("rounds", "real_steps", "eval_episodes", "sim_steps", "num_envs", "n_steps", "calibration_replay"):
         least = 0 if name == "real_steps" and config.score_data else 1  # with score_data the scorings are data
         if getattr(config, name) < least:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(config, name)}")
     if config.horizon < 0 or config.mle_steps < 1 or config.grpo_steps < 0 or config.exploration < 0 \
-            or config.learning_rate < 0 or config.shaping < 0 or config.reach < 0 or config.pretrain_steps < 0:
+            or config.learning_rate < 0 or config.shaping < 0 or config.reach < 0 or config.pretrain_steps < 0 \
+            or config.uncertainty_penalty < 0:
         raise ValueError("--mle-steps must be >= 1, --horizon, --grpo-steps, --exploration, --learning-rate, "
-                         "--shaping, --reach and --pretrain-steps >= 0")
+                         "--shaping, --reach, --pretrain-steps and --uncertainty-penalty >= 0")
     if config.real_updates and config.env == TEXT_ENV and config.algo != "dqn":
         raise ValueError("--real-updates in the text games takes --algo dqn")
     if config.surprise_on not in ("state", "outcome"):

@@ -26,12 +26,18 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper,
 
 from envs.robot import TASKS, RealRT1Env
 from envs.robot.tasks import task_from_instruction
-from rlvr_gym.data.episodes import SEEDS_PER_RUN, info_state, state_observation
+from rlvr_gym.data.episodes import SEEDS_PER_RUN, info_state
 from rlvr_gym.data.robot import load_initial_states
 from rlvr_gym.evaluation.policies import policy_frames, real_rollout, sb3_real_actor
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.state_dynamics import dynamics_reach_distance, dynamics_success_probability
-from rlvr_gym.sim.robot import DEFAULT_CHECKPOINT, DEFAULT_HORIZON, OBSERVATIONS, state_observation_space
+from rlvr_gym.sim.robot import (
+    DEFAULT_CHECKPOINT,
+    DEFAULT_HORIZON,
+    OBSERVATIONS,
+    state_observation,
+    state_observation_space,
+)
 from rlvr_gym.sim.sb3 import SB3VecEnv
 
 DEFAULT_FRAME_SIZE = 32
@@ -97,7 +103,7 @@ class VecShaped(VecEnvWrapper):
 
 class StateObservation(gym.Wrapper):
     """The real tabletop observed as `RLVRWorld-RT1-v0(observation="state")` shows the learned one: its true state and
-    the target marker's centre (`rlvr_gym.data.episodes.STATE_OBSERVATION_NAMES`) instead of its frame."""
+    the target marker's centre (`rlvr_gym.sim.robot.STATE_OBSERVATION_NAMES`) instead of its frame."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -146,15 +152,17 @@ def make_sim_env(
     precision: str = "float32",
     reach: float = 0.0,
     observation: str = "frame",
+    uncertainty_penalty: float = 0.0,
 ) -> VecEnv:
     """The batched learned simulator as an SB3 VecEnv (episode stats of the sparse reward via VecMonitor), frames at
     `frame_size` or with `observation="state"` the predicted state, with `shaping` or `reach` > 0 the reward shaped by
-    `VecShaped`, the world model in `precision`."""
+    `VecShaped`, the world model in `precision`, the reward less `uncertainty_penalty` x `info["uncertainty"]` (MOPO;
+    `RLVRWorld-RT1-v0`'s argument)."""
     _check_shaping(shaping, reach)
     _check_observation(observation)
     venv = gym.make_vec("RLVRWorld-RT1-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
                         checkpoint=checkpoint, horizon=horizon, task=task, temperature=temperature, precision=precision,
-                        observation=observation)
+                        observation=observation, uncertainty_penalty=uncertainty_penalty)
     if reach and venv.unwrapped.sim.world.state_dynamics is None:
         venv.close()
         raise ValueError(f"reach shaping reads the gripper off the predicted state: {checkpoint} has no state dynamics "

@@ -213,8 +213,9 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
                "world": world_fingerprint(config)}
         if config.precision == "float32":  # curves from before the setting existed keep their keys
             del key["precision"]
-        if not config.reach:
-            del key["reach"]
+        for name in ("reach", "uncertainty_penalty"):  # curves from before these settings existed keep their keys
+            if not getattr(config, name):
+                del key[name]
         if config.observation == "frame":
             del key["observation"]
         if arm == "frozen" and config.pretrain_steps:  # its first point; curves without one keep their old keys
@@ -253,6 +254,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = f"{label}+reach{args.reach:g}" if args.reach and env == RT1_ENV else label
     label = f"{label}+state" if args.observation == "state" and env == RT1_ENV else label
     label = f"{label}+agent{args.agent_share:g}" if args.agent_share and env == RT1_ENV else label
+    label = f"{label}+penalty{args.uncertainty_penalty:g}" if args.uncertainty_penalty and env == RT1_ENV else label
     label = f"{label}+real-updates" if args.real_updates else label
     label = f"{label}+win{args.win_share:g}" if args.win_share and env == TEXT_ENV else label
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
@@ -315,6 +317,9 @@ def main() -> None:
                         help="tabletop: weight of the shaped reward in the learned sim (`CoTrainConfig.shaping`)")
     parser.add_argument("--observation", choices=("frame", "state"), default="frame",
                         help="tabletop: what the agents see (`CoTrainConfig.observation`)")
+    parser.add_argument("--uncertainty-penalty", type=float, default=0.0,
+                        help="tabletop: MOPO penalty on the agent's reward in the learned sims "
+                             "(`CoTrainConfig.uncertainty_penalty`)")
     parser.add_argument("--agent-share", type=float, default=0.0,
                         help="tabletop: least share of the agent's transitions in each dynamics refit "
                              "(`CoTrainConfig.agent_share`)")
@@ -355,6 +360,7 @@ def main() -> None:
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
                                         "replay": args.replay, "shaping": args.shaping, "reach": args.reach,
                                         "observation": args.observation, "agent_share": args.agent_share,
+                                        "uncertainty_penalty": args.uncertainty_penalty,
                                         "precision": args.precision,
                                         "real_updates": args.real_updates, "score_data": args.score_data}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps

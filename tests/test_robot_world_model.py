@@ -855,10 +855,10 @@ def test_state_dynamics_learn_the_true_state_and_decide_the_simulators_success(t
 
     import rlvr_gym  # noqa: F401  (registers the env ids)
     from envs.robot.tasks import task_from_instruction
-    from rlvr_gym.data.episodes import STATE_NAMES, STATE_OBSERVATION_NAMES, state_observation, write_shards
+    from rlvr_gym.data.episodes import STATE_NAMES, write_shards
     from rlvr_gym.data.robot import episode_starts, load_initial_states, write_initial_states
     from rlvr_gym.models.state_dynamics import dynamics_reach_distance, dynamics_success_probability
-    from rlvr_gym.sim.robot import _Simulator, replay_success_scores
+    from rlvr_gym.sim.robot import STATE_OBSERVATION_NAMES, _Simulator, replay_success_scores, state_observation
     from rlvr_gym.train.state_dynamics import DynamicsConfig, train_state_dynamics
 
     root, world_dir = tiny_world

@@ -28,6 +28,8 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
     assert arm_key(half, "frozen") == {**frozen, "precision": "bfloat16"} and "precision" not in frozen
     assert arm_key(half, "real-1x", budget=100) == arm_key(config, "real-1x", budget=100)
     # A reach term shapes every arm's reward, real ones too; a curve without one keeps its key.
+    assert arm_key(replace(config, uncertainty_penalty=0.1), "frozen") == {**frozen, "uncertainty_penalty": 0.1}
+    assert "uncertainty_penalty" not in frozen
     reach = replace(config, reach=5.0)
     assert arm_key(reach, "frozen") == {**frozen, "reach": 5.0} and "reach" not in frozen
     assert arm_key(reach, "real-1x", budget=100) == {**arm_key(config, "real-1x", budget=100), "reach": 5.0}
@@ -64,7 +66,7 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
 
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
     args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, reach=0.0,
-                              observation="frame", agent_share=0.0, real_updates=False,
+                              observation="frame", agent_share=0.0, uncertainty_penalty=0.0, real_updates=False,
                               win_share=0.0, surprise_on="state", text_replay="", pretrain_steps=0,
                               pretrain_checkpoint="", score_data=False)
     assert arm_label("close_drawer", args) == "close_drawer"
@@ -74,7 +76,8 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     assert arm_label("text", replace_args(args, reach=5.0)) == "text"
     assert arm_label("open_drawer", replace_args(args, shaping=0.2, reach=5.0, observation="state")) \
         == "open_drawer+shaping0.2+reach5+state"
-    assert arm_label("open_drawer", replace_args(args, agent_share=0.5)) == "open_drawer+agent0.5"
+    assert arm_label("open_drawer", replace_args(args, agent_share=0.5, uncertainty_penalty=0.05)) \
+        == "open_drawer+agent0.5+penalty0.05"
     assert arm_label("close_drawer", replace_args(args, checkpoint="runs/x/world")) == "close_drawer+runs_x_world"
     assert arm_label("text", replace_args(args, shaping=0.2)) == "text"  # the text sim takes no shaping
     assert arm_label("text", replace_args(args, text_checkpoint="runs/y/final")) == "text+runs_y_final"
@@ -206,8 +209,9 @@ def test_the_loop_takes_a_precision_for_the_tabletop_simulator_only():
     check_config(CoTrainConfig(task="close_drawer", precision="bfloat16"))
     with pytest.raises(ValueError, match="--precision must be one of"):
         check_config(CoTrainConfig(task="close_drawer", precision="float16"))
-    for tabletop_only in ({"precision": "bfloat16"}, {"reach": 5.0}, {"observation": "state"}):
-        with pytest.raises(ValueError, match="--precision, --reach and --observation are the tabletop"):
+    for tabletop_only in ({"precision": "bfloat16"}, {"reach": 5.0}, {"observation": "state"},
+                          {"uncertainty_penalty": 0.1}):
+        with pytest.raises(ValueError, match="--observation and --uncertainty-penalty are the tabletop"):
             check_config(CoTrainConfig(env=TEXT_ENV, algo="dqn", **tabletop_only))
     with pytest.raises(ValueError, match="--observation must be"):
         check_config(CoTrainConfig(task="close_drawer", observation="pixels"))

@@ -52,13 +52,6 @@ STATE_NAMES = (
 """Columns of `Episode.states`: palm position (m), measured closedness (0 open .. 1 closed), the three objects'
 centres (m) in `envs.robot.OBJECT_NAMES` order, the drawer joint (m, 0 closed)."""
 
-STATE_OBSERVATION_NAMES = (*STATE_NAMES, "target_x", "target_y")
-"""What an agent observing the tabletop's state sees (`RLVRWorld-RT1-v0` with `observation="state"`, the real env
-through `agents.robot.StateObservation`): the state, then the target marker's centre (m)."""
-STATE_OBSERVATION_BOUND = 2.0
-"""Every state observation lies within +-2: metres in a scene whose floor is 0.75 m below the table, closedness in
-[0, 1]."""
-
 _STEP_KEYS = ("actions", "rewards", "success")
 _FRAME_KEYS = ("frames", "states")
 _STRING_KEYS = ("task", "instruction", "policy")
@@ -417,11 +410,6 @@ class EpisodeRecorder(gym.Wrapper):
                 rewards=np.array(current["rewards"], np.float32), success=np.array(current["success"], bool),
                 states=np.stack(current["states"]), task=current["task"], instruction=current["instruction"],
                 seed=current["seed"], policy=self.policy))
-
-
-def state_observation(state: np.ndarray, target_xy: np.ndarray) -> np.ndarray:
-    """A state (STATE_NAMES) and the target marker's centre as an observation (STATE_OBSERVATION_NAMES)."""
-    return np.concatenate([state, np.asarray(target_xy)[:2]]).astype(np.float32)
 
 
 def info_state(info: dict[str, Any]) -> np.ndarray:

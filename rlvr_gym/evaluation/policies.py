@@ -35,11 +35,11 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tqdm import tqdm
 
-from rlvr_gym.data.episodes import STATE_OBSERVATION_NAMES, info_state, state_observation
+from rlvr_gym.data.episodes import info_state
 from rlvr_gym.data.robot import InitialStates, load_initial_states
 from rlvr_gym.models.lm import CheckpointError
 from rlvr_gym.models.robot_world_model import RobotWorldModel
-from rlvr_gym.sim.robot import DEFAULT_HORIZON, RT1WorldVectorEnv
+from rlvr_gym.sim.robot import DEFAULT_HORIZON, STATE_OBSERVATION_NAMES, RT1WorldVectorEnv, state_observation
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm

@@ -21,15 +21,7 @@ from tqdm import tqdm
 
 from envs.robot.tasks import Task, task_from_instruction
 from rlvr_gym.data import video_tokens as V
-from rlvr_gym.data.episodes import (
-    STATE_NAMES,
-    STATE_OBSERVATION_BOUND,
-    STATE_OBSERVATION_NAMES,
-    Episode,
-    load_episodes,
-    state_observation,
-    write_shards,
-)
+from rlvr_gym.data.episodes import STATE_NAMES, Episode, load_episodes, write_shards
 from rlvr_gym.data.robot import InitialStates, concatenate_starts, episode_starts, load_initial_states
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.files import CheckpointError
@@ -44,6 +36,17 @@ IMAGE_SHAPE = (64, 64, 3)
 DEFAULT_CHECKPOINT = "rt1-rlvr"
 DEFAULT_HORIZON = 50
 OBSERVATIONS = ("frame", "state")
+STATE_OBSERVATION_NAMES = (*STATE_NAMES, "target_x", "target_y")
+"""What an agent observing the tabletop's state sees (`RLVRWorld-RT1-v0` with `observation="state"`, the real env
+through `agents.robot.StateObservation`): the state, then the target marker's centre (m)."""
+STATE_OBSERVATION_BOUND = 2.0
+"""Every state observation lies within +-2: metres in a scene whose floor is 0.75 m below the table, closedness in
+[0, 1]."""
+
+
+def state_observation(state: np.ndarray, target_xy: np.ndarray) -> np.ndarray:
+    """A state (STATE_NAMES) and the target marker's centre as an observation (STATE_OBSERVATION_NAMES)."""
+    return np.concatenate([state, np.asarray(target_xy)[:2]]).astype(np.float32)
 
 
 def state_observation_space() -> gym.spaces.Box:
@@ -577,7 +580,7 @@ class RT1WorldEnv(gym.Env):
     ## Observation Space
     `Box(0, 255, (64, 64, 3), uint8)`: the real first frame after reset, then the decoded predicted frames. With
     `observation="state"` (a checkpoint with state dynamics): `Box(-inf, inf, (16,), float32)`, the state the dynamics
-    predict and the target marker's centre (`rlvr_gym.data.episodes.STATE_OBSERVATION_NAMES`: palm position,
+    predict and the target marker's centre (`rlvr_gym.sim.robot.STATE_OBSERVATION_NAMES`: palm position,
     closedness, object centres, drawer joint, target x and y, in metres), the real start state's at reset; no frame
     is drawn, so a step costs the dynamics' small MLPs alone, and the real env shows an agent the same numbers through
     `agents.robot.StateObservation`.
