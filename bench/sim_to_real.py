@@ -7,7 +7,8 @@
 
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
 `--shaping W` under TASK+shapingW/, with `--reach R` as well under TASK+shapingW+reachR/, agents on the state
-(`--observation state`) under TASK+...+state/, a loop with
+(`--observation state`) under TASK+...+state/, with `--agent-share F` and `--uncertainty-penalty P` under
+TASK+...+agentF+penaltyP/, a loop with
 `--real-updates` under TASK+real-updates/, text refits with `--win-share F` under text+winF/, with `--surprise-on
 outcome` under text+surprise-outcome/, with `--text-replay` under text+replay/, with `--score-data` under
 TASK+score-data/; each loop in a directory of its own settings, loop-SEED-DIGEST) and reused by a rerun with the same settings, so seeds can run in parallel processes (`--seeds 0`,
