@@ -8,7 +8,7 @@
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
 `--shaping W` under TASK+shapingW/, with `--reach R` as well under TASK+shapingW+reachR/, agents on the state
 (`--observation state`) under TASK+...+state/, with `--agent-share F` and `--uncertainty-penalty P` under
-TASK+...+agentF+penaltyP/, a loop with
+TASK+...+agentF+penaltyP/ (and `--dynamics-steps N` other than 200 under ...+dynamicsN/), a loop with
 `--real-updates` under TASK+real-updates/, text refits with `--win-share F` under text+winF/, with `--surprise-on
 outcome` under text+surprise-outcome/, with `--text-replay` under text+replay/, with `--score-data` under
 TASK+score-data/; each loop in a directory of its own settings, loop-SEED-DIGEST) and reused by a rerun with the same settings, so seeds can run in parallel processes (`--seeds 0`,
@@ -256,6 +256,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = f"{label}+state" if args.observation == "state" and env == RT1_ENV else label
     label = f"{label}+agent{args.agent_share:g}" if args.agent_share and env == RT1_ENV else label
     label = f"{label}+penalty{args.uncertainty_penalty:g}" if args.uncertainty_penalty and env == RT1_ENV else label
+    label = f"{label}+dynamics{args.dynamics_steps}" if args.dynamics_steps != 200 and env == RT1_ENV else label
     label = f"{label}+real-updates" if args.real_updates else label
     label = f"{label}+win{args.win_share:g}" if args.win_share and env == TEXT_ENV else label
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
@@ -321,6 +322,8 @@ def main() -> None:
     parser.add_argument("--uncertainty-penalty", type=float, default=0.0,
                         help="tabletop: MOPO penalty on the agent's reward in the learned sims "
                              "(`CoTrainConfig.uncertainty_penalty`)")
+    parser.add_argument("--dynamics-steps", type=int, default=200,
+                        help="tabletop: steps of each state-dynamics refit (`CoTrainConfig.dynamics_steps`)")
     parser.add_argument("--agent-share", type=float, default=0.0,
                         help="tabletop: least share of the agent's transitions in each dynamics refit "
                              "(`CoTrainConfig.agent_share`)")
@@ -362,6 +365,7 @@ def main() -> None:
                                         "replay": args.replay, "shaping": args.shaping, "reach": args.reach,
                                         "observation": args.observation, "agent_share": args.agent_share,
                                         "uncertainty_penalty": args.uncertainty_penalty,
+                                        "dynamics_steps": args.dynamics_steps,
                                         "precision": args.precision,
                                         "real_updates": args.real_updates, "score_data": args.score_data}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps

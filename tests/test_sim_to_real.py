@@ -66,7 +66,8 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
 
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
     args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, reach=0.0,
-                              observation="frame", agent_share=0.0, uncertainty_penalty=0.0, real_updates=False,
+                              observation="frame", agent_share=0.0, uncertainty_penalty=0.0, dynamics_steps=200,
+                              real_updates=False,
                               win_share=0.0, surprise_on="state", text_replay="", pretrain_steps=0,
                               pretrain_checkpoint="", score_data=False)
     assert arm_label("close_drawer", args) == "close_drawer"
@@ -76,8 +77,8 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     assert arm_label("text", replace_args(args, reach=5.0)) == "text"
     assert arm_label("open_drawer", replace_args(args, shaping=0.2, reach=5.0, observation="state")) \
         == "open_drawer+shaping0.2+reach5+state"
-    assert arm_label("open_drawer", replace_args(args, agent_share=0.5, uncertainty_penalty=0.05)) \
-        == "open_drawer+agent0.5+penalty0.05"
+    assert arm_label("open_drawer", replace_args(args, agent_share=0.5, uncertainty_penalty=0.05, dynamics_steps=600)) \
+        == "open_drawer+agent0.5+penalty0.05+dynamics600"
     assert arm_label("close_drawer", replace_args(args, checkpoint="runs/x/world")) == "close_drawer+runs_x_world"
     assert arm_label("text", replace_args(args, shaping=0.2)) == "text"  # the text sim takes no shaping
     assert arm_label("text", replace_args(args, text_checkpoint="runs/y/final")) == "text+runs_y_final"
