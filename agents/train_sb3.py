@@ -148,7 +148,7 @@ def build(args: Args) -> tuple[object, Callable[[BaseAlgorithm], dict]]:
         checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
         check_held_out(checkpoint, real_start_states(args.eval_episodes, args.task, first=args.eval_first))
         env = make_sim_env(checkpoint, args.num_envs, args.task, args.horizon, args.frame_size, args.temperature,
-                           args.shaping, args.precision, args.reach, args.observation)
+                           args.shaping, args.precision, reach=args.reach, observation=args.observation)
         return env, lambda model: evaluate_in_real(model, args.eval_episodes, args.task, args.horizon,
                                                    first=args.eval_first)
     if args.shaping or args.reach or args.eval_first or args.precision != "float32" or args.observation != "frame":
