@@ -11,8 +11,9 @@ Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms 
 TASK+...+agentF+penaltyP/ (and `--dynamics-steps N` other than 200 under ...+dynamicsN/), a loop with
 `--real-updates` under TASK+real-updates/, text refits with `--win-share F` under text+winF/, with `--surprise-on
 outcome` under text+surprise-outcome/, with `--text-replay` under text+replay/, with `--score-data` under
-TASK+score-data/; each loop in a directory of its own settings, loop-SEED-DIGEST) and reused by a rerun with the same settings, so seeds can run in parallel processes (`--seeds 0`,
-`--seeds 1`) and a last run with all seeds writes the report.
+TASK+score-data/; each loop in a directory of its own settings, loop-SEED-DIGEST) and reused by a rerun with the
+same settings, so seeds can run in parallel processes (`--seeds 0`, `--seeds 1`) and a last run with all seeds
+writes the report.
 
 "Tasks" are tabletop tasks (PPO in RLVRWorld-RT1-v0) and `text` (DQN in RLVRWorld-TextGame-v0 on its 32 games).
 Arms, each from the same seeds, each point its real success against the real env steps it has taken so far (data

@@ -146,7 +146,7 @@ class _Simulator:
         world = RobotWorldModel.load(checkpoint, device, precision)
         if observation == "state" and world.state_dynamics is None:
             raise ValueError(f"observation='state' shows the state the world model's state dynamics predict: "
-                             f"{checkpoint} has none (rlvr-gym train state-dynamics; the shipped rt1-dynamics has them)")
+                             f"{checkpoint} has none (rlvr-gym train state-dynamics; rt1-dynamics has them)")
         if success_hold is not None:  # None: the checkpoint's; the settings check the value
             world.settings = replace(world.settings, success_hold=success_hold)
         states = load_initial_states(RobotWorldModel.resolve(checkpoint))
