@@ -838,13 +838,14 @@ def check_config(config: CoTrainConfig) -> None:
     if config.env == RT1_ENV:
         from envs.robot import TASKS
         from rlvr_gym.models.robot_world_model import PRECISIONS
+        from rlvr_gym.sim.robot import OBSERVATIONS
 
         if config.task not in TASKS:
             raise ValueError(f"unknown task {config.task!r}: use one of {TASKS}")
         if config.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {PRECISIONS}, got {config.precision!r}")
-        if config.observation not in ("frame", "state"):
-            raise ValueError(f"--observation must be frame or state, got {config.observation!r}")
+        if config.observation not in OBSERVATIONS:
+            raise ValueError(f"--observation must be one of {OBSERVATIONS}, got {config.observation!r}")
     elif config.precision != "float32" or config.reach or config.observation != "frame" or config.uncertainty_penalty:
         raise ValueError("--precision, --reach, --observation and --uncertainty-penalty are the tabletop simulator's "
                          "(RLVRWorld-RT1-v0)")

@@ -29,27 +29,11 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 
-from agents.robot import make_real_env, real_start_states
-from envs.robot import RealRT1Env
-from rlvr_gym.evaluation.policies import real_rollout, sb3_real_actor
+from agents.robot import evaluate_in_real, make_real_env
 from rlvr_gym.evaluation.report import markdown_table
 
 OUT = Path("runs/bench")
 REAL_ENVS = 4
-
-
-def make_env(observation: str, task: str, horizon: int, shaping: float, reach: float):
-    """REAL_ENVS real tabletops, the reward shaped on the true state, observed as the arm says."""
-    return make_real_env(task, horizon, shaping=shaping, reach=reach, observation=observation, num_envs=REAL_ENVS)
-
-
-def score(model: PPO, task: str, episodes: int, horizon: int) -> float:
-    """Greedy success on held-out real starts."""
-    env, act = RealRT1Env(task=task, horizon=horizon), sb3_real_actor(model)
-    try:
-        return float(np.mean([real_rollout(env, seed, act).success for _, seed in real_start_states(episodes, task)]))
-    finally:
-        env.close()
 
 
 class Scorer(BaseCallback):
@@ -70,10 +54,11 @@ def run_arm(observation: str, reach: float, seed: int, args: argparse.Namespace)
     path = OUT / "rt1_reach" / f"{args.task}-{observation}-reach{reach:g}-{seed}.json"
     if path.is_file() and json.loads(path.read_text())["key"] == key:
         return json.loads(path.read_text())["points"]
-    venv = make_env(observation, args.task, args.horizon, args.shaping, reach)
+    venv = make_real_env(args.task, args.horizon, shaping=args.shaping, reach=reach, observation=observation,
+                         num_envs=REAL_ENVS)
     model = PPO("MlpPolicy", venv, n_steps=256, batch_size=256, n_epochs=4, learning_rate=3e-4, seed=seed,
                 device="cpu", verbose=0)
-    scorer = Scorer(args.every, lambda m: score(m, args.task, args.episodes, args.horizon))
+    scorer = Scorer(args.every, lambda m: evaluate_in_real(m, args.episodes, args.task, args.horizon)["success_rate"])
     model.learn(args.steps, callback=scorer)
     venv.close()
     path.parent.mkdir(parents=True, exist_ok=True)

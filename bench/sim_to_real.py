@@ -195,6 +195,14 @@ def loop_agents(out: Path, curve: list[dict]) -> list[tuple[int, Path]]:
 
 
 REAL_ARM_FIELDS = ("env", "algo", "task", "seed", "rounds", "eval_episodes", "horizon", "frame_size", "learning_rate")
+LATER_SETTINGS = ("precision", "reach", "uncertainty_penalty", "observation")
+"""Settings added after curves were cached: in a key only away from their defaults, so older curves keep their keys."""
+
+
+def away_from_default(config: CoTrainConfig, names: tuple[str, ...]) -> dict:
+    """The settings among `names` whose value is not CoTrainConfig's default."""
+    default = CoTrainConfig()
+    return {name: getattr(config, name) for name in names if getattr(config, name) != getattr(default, name)}
 
 
 def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
@@ -202,24 +210,16 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     arm and the frozen arm on every setting (the text DQN's learning start follows `sim_steps`) and the world model's
     own (the text games are its start states)."""
     if arm.startswith("real") and config.env == RT1_ENV:
-        key = {name: getattr(config, name) for name in REAL_ARM_FIELDS}
-        key = {**key, "shaping": config.shaping} if config.shaping else key  # unshaped curves keep their old keys
-        key = {**key, "reach": config.reach} if config.reach else key
-        key = {**key, "observation": config.observation} if config.observation != "frame" else key
+        # The agent's reward and observation, too; unshaped curves keep their old keys.
+        key = {**{name: getattr(config, name) for name in REAL_ARM_FIELDS},
+               **away_from_default(config, ("shaping", "reach", "observation"))}
     else:
         # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
         # agent pretrains do not change the other arms. Whether scorings are data changes the real-env arms too.
         loop_only = ("out", "real_updates", "win_share", "agent_share", "surprise_on", "pretrain_steps",
-                     "pretrain_checkpoint", *(() if arm.startswith("real") else ("score_data",)))
+                     "pretrain_checkpoint", *LATER_SETTINGS, *(() if arm.startswith("real") else ("score_data",)))
         key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
-               "world": world_fingerprint(config)}
-        if config.precision == "float32":  # curves from before the setting existed keep their keys
-            del key["precision"]
-        for name in ("reach", "uncertainty_penalty"):  # curves from before these settings existed keep their keys
-            if not getattr(config, name):
-                del key[name]
-        if config.observation == "frame":
-            del key["observation"]
+               "world": world_fingerprint(config), **away_from_default(config, LATER_SETTINGS)}
         if arm == "frozen" and config.pretrain_steps:  # its first point; curves without one keep their old keys
             key["pretrain_steps"] = config.pretrain_steps
     return {**key, **extra}

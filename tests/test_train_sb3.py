@@ -397,10 +397,12 @@ def test_the_reach_benchmark_trains_each_observation_in_the_real_env_and_reuses_
     import argparse
 
     import bench.rt1_reach as bench
+    from agents.robot import make_real_env
 
     monkeypatch.setattr(bench, "OUT", tmp_path)
     for observation, shape in (("state", (16,)), ("frame", (32, 32, 3))):
-        venv = bench.make_env(observation, "open_drawer", 50, 0.2, 5.0)
+        venv = make_real_env("open_drawer", 50, shaping=0.2, reach=5.0, observation=observation,
+                             num_envs=bench.REAL_ENVS)
         assert venv.num_envs == bench.REAL_ENVS and venv.reset().shape == (bench.REAL_ENVS, *shape)
         venv.close()
     args = argparse.Namespace(task="open_drawer", steps=1024, every=512, episodes=1, shaping=0.2, horizon=5)

@@ -200,8 +200,7 @@ def reach_point(task: Task, object_pos: np.ndarray, drawer_qpos: np.ndarray, tar
     a = object_pos[:, task.object_a, :2]
     goal = object_pos[:, task.object_b, :2] if task.name == "move_near" else np.asarray(target_xy, np.float64)
     u = (goal - a) / np.maximum(np.linalg.norm(goal - a, axis=-1, keepdims=True), 1e-9)
-    behind = a - u * (OBJECT_HALF_SIZE + PUSHER_HALF_DEPTH + PRE_PUSH_GAP)
-    return np.concatenate([behind, np.full((len(a), 1), PUSH_Z)], axis=-1)
+    return np.concatenate([_pre_push(a, u), np.full((len(a), 1), PUSH_Z)], axis=-1)
 
 
 def near_goal(info: dict, a: int, b: int) -> np.ndarray:
