@@ -540,6 +540,21 @@ def score_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Pa
     return float(np.mean([e.succeeded for e in episodes])), sum(len(e) for e in episodes)
 
 
+REPLAYED_CALLS = ("replayed_failures_paid", "replayed_successes_paid")
+
+
+def replayed_calls(world: str, episodes: Path, config: CoTrainConfig) -> dict[str, float]:
+    """How honest the simulator the agent was trained in is on the agent's own fresh real episodes (a scoring no
+    refit has seen yet): each replayed open loop under its real actions (`sim.robot.success_agreement`), the share of
+    the real failures it pays and of the real successes (NaN when the scoring has none). A simulator that pays the
+    agent's real failures is one it can still exploit."""
+    from rlvr_gym.data.episodes import load_episodes
+    from rlvr_gym.sim.robot import success_agreement
+
+    calls = success_agreement(world, load_episodes(episodes), config.precision)[config.task]
+    return {"replayed_failures_paid": calls["failures_paid"], "replayed_successes_paid": calls["successes_paid"]}
+
+
 def scoring_first(config: CoTrainConfig, state: State) -> int:
     """The first held-out start of the tabletop scoring about to be made (`score_rt1`); 0 without `score_data`, whose
     scorings all start from the first `eval_episodes` (`agents.robot.evaluate_in_real`)."""
@@ -981,8 +996,11 @@ def score(agent: BaseAlgorithm, config: CoTrainConfig, state: State, round_dir: 
                                                  scoring_first(config, state)),
               "agent_steps": int(agent.num_timesteps), "world": state.world,
               "seconds": round(time.perf_counter() - started, 1)}
-    for key in ("real_success", "learned_success"):
-        writer.add_scalar(f"cotrain/{key}", record[key], state.real_steps_total)
+    if config.score_data and config.env == RT1_ENV:
+        record.update(replayed_calls(state.world, round_dir / SCORE_DATA, config))
+    for key in ("real_success", "learned_success", *REPLAYED_CALLS):
+        if key in record and np.isfinite(record[key]):
+            writer.add_scalar(f"cotrain/{key}", record[key], state.real_steps_total)
     writer.flush()
     log.info("round %d: %s", record["round"], record)
     state.history.append(record)

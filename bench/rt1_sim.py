@@ -27,12 +27,12 @@ import numpy as np
 import torch
 
 import rlvr_gym  # noqa: F401  (registers the env ids)
-from bench.rt1_success import success_agreement
 from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
 from rlvr_gym.evaluation.report import markdown_table
 from rlvr_gym.evaluation.robot import RT1EvalConfig, run_rt1_eval
 from rlvr_gym.models.lm import parameter_count
 from rlvr_gym.models.robot_world_model import PRECISIONS, RobotWorldModel
+from rlvr_gym.sim.robot import success_agreement
 
 
 def matmul_gflops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 512, repeats: int = 20) -> float:

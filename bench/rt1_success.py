@@ -4,7 +4,7 @@
                                                                   # writes runs/bench/rt1_success.{md,json}
 
 Each real episode's actions are replayed open loop in each world model's simulator from the episode's first frame
-(greedy, `sim.robot.replay_success_scores`, under the checkpoint's own thresholds and hold: frames read by a state
+(greedy, `sim.robot.success_agreement`, under the checkpoint's own thresholds and hold: frames read by a state
 reader or the success flag, or the task's test on the state its dynamics predict). Per task: the balanced accuracy
 of the simulator's success against the real outcome, the share of real successes it pays, and the share of real
 failures it pays. A `--data` directory that does not exist is collected first: 60 held-out episodes (seed 2, the
@@ -20,28 +20,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np
 import torch
 
 from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
-from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.evaluation.report import markdown_table
-from rlvr_gym.sim.robot import _Simulator, replay_success_scores
-
-
-def success_agreement(checkpoint: str, episodes: list, precision: str = "float32") -> dict[str, dict[str, float]]:
-    """Per task: balanced accuracy, true successes paid, failures paid, episodes and real successes."""
-    sim = _Simulator.load(checkpoint, None, 0.0, precision=precision)
-    result = {}
-    for task in sorted({e.task for e in episodes}):
-        mine = [e for e in episodes if e.task == task]
-        scores, threshold = replay_success_scores(sim, mine), sim.world.settings.success_threshold(task)
-        paid, real = scores > threshold, np.array([e.succeeded for e in mine])
-        result[task] = {"balanced_accuracy": balanced_accuracy(scores, real, threshold),
-                        "successes_paid": float(paid[real].mean()) if real.any() else float("nan"),
-                        "failures_paid": float(paid[~real].mean()) if (~real).any() else float("nan"),
-                        "episodes": len(mine), "real_successes": int(real.sum())}
-    return result
+from rlvr_gym.sim.robot import success_agreement
 
 
 def main(checkpoints: tuple[str, ...] = ("rt1-rlvr", "rt1-dynamics"), data: str = "runs/rt1/heldout2",

@@ -175,3 +175,19 @@ def test_web_outcome_reads_which_button_click_button_asks_for():
         env.close()
     assert all(last_right), last_right
     assert np.mean(right) >= 0.9, f"{sum(right)} of {len(right)} clicks"
+
+
+def test_replayed_success_calls_of_a_world_with_state_dynamics_need_no_frame(tmp_path):
+    from rlvr_gym.data.episodes import CollectConfig, collect, load_episodes
+    from rlvr_gym.sim.robot import _Simulator, replay_success_scores, success_agreement
+
+    data = collect(CollectConfig(out=str(tmp_path / "real"), episodes=4, seed=31, horizon=12,
+                                 tasks=("open_drawer", "close_drawer"), skills=(1.0,), random_fraction=0.5))
+    episodes = load_episodes(data)
+    drawn, undrawn = (replay_success_scores(_Simulator.load("rt1-dynamics", None, 0.0, observation=observation),
+                                            episodes) for observation in ("frame", "state"))
+    assert np.allclose(drawn, undrawn, atol=1e-6), "success comes from the predicted state alone"
+    calls = success_agreement("rt1-dynamics", episodes)
+    assert sorted(calls) == ["close_drawer", "open_drawer"]
+    assert sum(c["episodes"] for c in calls.values()) == 4
+    assert sum(c["real_successes"] for c in calls.values()) == sum(e.succeeded for e in episodes)

@@ -20,6 +20,7 @@ from rlvr_gym.data.episodes import SEEDS_PER_RUN, CollectConfig, collect, load_e
 from rlvr_gym.data.robot import load_initial_states, save_initial_states
 from rlvr_gym.models.lm import LlamaSize
 from rlvr_gym.models.robot_world_model import RobotWorldModel
+from rlvr_gym.sim.robot import success_agreement
 from rlvr_gym.train.frame_tokenizer import TokenizerConfig, train_frame_tokenizer
 from rlvr_gym.train.rt1_mle import RT1MLEConfig, run_rt1_mle
 from rlvr_gym.train.sft import SFTConfig
@@ -340,6 +341,11 @@ def test_tabletop_score_data_makes_each_scoring_from_fresh_held_out_starts_the_n
     # The scorings are the only real steps; each record's success is that of its recorded episodes.
     assert last["real_steps_total"] == sum(len(e) for e in before + after)
     assert [r["real_success"] for r in rounds] == [np.mean([e.succeeded for e in eps]) for eps in (before, after)]
+    # And how the simulator the agent trained in calls them, replayed open loop: what it pays of the real failures.
+    for record, episodes in zip(rounds, (before, after)):
+        paid = success_agreement(record["world"], episodes)["open_drawer"]
+        assert record["replayed_failures_paid"] == pytest.approx(paid["failures_paid"], nan_ok=True)
+        assert np.isnan(record["replayed_successes_paid"]) == (not any(e.succeeded for e in episodes))
     # Each record's learned success comes from the starts its real scoring took.
     for states, episodes in zip(learned_starts, (before, after), strict=True):
         assert states.seeds.tolist() == [e.seed for e in episodes]

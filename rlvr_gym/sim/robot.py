@@ -395,6 +395,26 @@ def replay_success_scores(sim: _Simulator, episodes: Sequence[Episode], num_envs
     return np.array([held_score(p, sim.world.settings.success_hold) for p in probs])
 
 
+def success_agreement(checkpoint: str | os.PathLike, episodes: Sequence[Episode], precision: str = "float32",
+                      ) -> dict[str, dict[str, float]]:
+    """How the simulator's success calls on real episodes replayed open loop (`replay_success_scores`, the
+    checkpoint's own thresholds) agree with the real outcomes, per task: balanced accuracy, the share of real
+    successes it pays and of real failures it pays, episodes and real successes. A world model with state dynamics
+    calls success on the state they predict alone, so its replays draw no frame."""
+    has_dynamics = (Path(RobotWorldModel.resolve(checkpoint)) / "state_dynamics").is_dir()
+    sim = _Simulator.load(checkpoint, None, 0.0, precision=precision, observation="state" if has_dynamics else "frame")
+    result = {}
+    for task in sorted({e.task for e in episodes}):
+        mine = [e for e in episodes if e.task == task]
+        scores, threshold = replay_success_scores(sim, mine), sim.world.settings.success_threshold(task)
+        paid, real = scores > threshold, np.array([e.succeeded for e in mine])
+        result[task] = {"balanced_accuracy": balanced_accuracy(scores, real, threshold),
+                        "successes_paid": float(paid[real].mean()) if real.any() else float("nan"),
+                        "failures_paid": float(paid[~real].mean()) if (~real).any() else float("nan"),
+                        "episodes": len(mine), "real_successes": int(real.sum())}
+    return result
+
+
 def best_threshold(scores: np.ndarray, succeeded: np.ndarray, trivial: np.ndarray | None = None,
                    max_trivial_success: float = 1.0) -> tuple[float, float]:
     """The threshold on an episode's score (`held_score`) that best separates real successes from failures
