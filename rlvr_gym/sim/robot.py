@@ -395,8 +395,8 @@ def replay_success_scores(sim: _Simulator, episodes: Sequence[Episode], num_envs
     return np.array([held_score(p, sim.world.settings.success_hold) for p in probs])
 
 
-def success_agreement(checkpoint: str | os.PathLike, episodes: Sequence[Episode], precision: str = "float32",
-                      ) -> dict[str, dict[str, float]]:
+def success_agreement(checkpoint: str | os.PathLike, episodes: Sequence[Episode],
+                      precision: str = "float32") -> dict[str, dict[str, float]]:
     """How the simulator's success calls on real episodes replayed open loop (`replay_success_scores`, the
     checkpoint's own thresholds) agree with the real outcomes, per task: balanced accuracy, the share of real
     successes it pays and of real failures it pays, episodes and real successes. A world model with state dynamics
