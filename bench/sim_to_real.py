@@ -476,6 +476,10 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
             if arm in ("loop", "loop-mle", "frozen"):
                 gaps = [curves[arm][-1]["learned_success"] - curves[arm][-1]["real_success"] for curves in by_seed.values()]
                 row["learned - real"] = f"{np.mean(gaps):+.2f}"
+                paid = [curves[arm][-1].get("replayed_failures_paid") for curves in by_seed.values()]
+                if None not in paid:  # a tabletop loop with --score-data records it (`agents.cotrain.replayed_calls`)
+                    failed = [p for p in paid if not np.isnan(p)]
+                    row["real failures paid, replayed"] = f"{np.mean(failed):.2f}" if failed else "none failed"
             if checks:
                 mean, half = interval([c["real_success"] for c in checks])
                 gaps = [c["learned_success"] - c["real_success"] for c in checks]
@@ -534,6 +538,9 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
               + f"{args.eval_episodes} real episodes per score (tabletop: held-out starts; text: the same games each "
               "time), and as many in the simulator from the same starts (learned success). Intervals: 95% t over "
               "seeds."
+              + (" Real failures paid, replayed: the share of the last scoring's real failures that the simulator the "
+                 "agent trained in pays when they are replayed open loop under their real actions (mean over the "
+                 "seeds with a failure)." if any("real failures paid, replayed" in row for row in rows) else "")
               + (f" Final check: every point's agent of each arm (but `frozen`) on {args.check_episodes} real "
                  "episodes (tabletop: held-out starts no scoring took; text: the games in the same seeded order, so 32 "
                  "plays each game once), and the final one in a simulator from the same starts: a loop's last refit, "

@@ -204,6 +204,14 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
     checked = report.split("every point scored again on 32 episodes (final check): ")[1]
     assert checked.startswith("the loop ends at 0.50 ± 0.00 real success against 0.50 ± 0.00")
     assert "its mean curve reaches it at 950 real steps, 1.6x fewer than the real env's 1500" in checked
+    # A tabletop loop with --score-data records what its simulator pays of each scoring's real failures replayed open
+    # loop; the report gives the mean over the seeds that had a failure at their last scoring.
+    tabletop = {"close_drawer": {seed: {"loop": curve((400, 0.5), (900, 1.0)), "real-1x": curve((500, 0.0))}
+                                 for seed in (0, 1)}}
+    for seed, paid in ((0, 0.25), (1, float("nan"))):
+        tabletop["close_drawer"][seed]["loop"][-1]["replayed_failures_paid"] = paid
+    bench.write_report(args, tabletop)
+    assert "| close_drawer | loop | 1.00 ± 0.00 | 900 | +0.00 | 0.25 |" in (tmp_path / "sim_to_real.md").read_text()
 
 
 def test_the_loop_takes_a_precision_for_the_tabletop_simulator_only():
