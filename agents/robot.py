@@ -34,7 +34,7 @@ from rlvr_gym.models.state_dynamics import dynamics_reach_distance, dynamics_suc
 from rlvr_gym.sim.robot import (
     DEFAULT_CHECKPOINT,
     DEFAULT_HORIZON,
-    OBSERVATIONS,
+    check_observation,
     state_observation,
     state_observation_space,
 )
@@ -159,7 +159,7 @@ def make_sim_env(
     `VecShaped`, the world model in `precision`, the reward less `uncertainty_penalty` x `info["uncertainty"]` (MOPO;
     `RLVRWorld-RT1-v0`'s argument)."""
     _check_shaping(shaping, reach)
-    _check_observation(observation)
+    check_observation(observation)
     venv = gym.make_vec("RLVRWorld-RT1-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
                         checkpoint=checkpoint, horizon=horizon, task=task, temperature=temperature, precision=precision,
                         observation=observation, uncertainty_penalty=uncertainty_penalty)
@@ -178,7 +178,7 @@ def make_real_env(task: str, horizon: int = DEFAULT_HORIZON, frame_size: int = D
     `observation="state"` the true state, `StateObservation`), episode stats of the sparse reward, with `shaping` or
     `reach` > 0 the reward shaped by `VecShaped` on the true state (`TrueSuccessProbability`)."""
     _check_shaping(shaping, reach)
-    _check_observation(observation)
+    check_observation(observation)
 
     def make() -> gym.Env:
         env = RealRT1Env(task=task, horizon=horizon)
@@ -193,11 +193,6 @@ def make_real_env(task: str, horizon: int = DEFAULT_HORIZON, frame_size: int = D
 def _check_shaping(shaping: float, reach: float) -> None:
     if shaping < 0 or reach < 0:
         raise ValueError(f"shaping and reach are weights >= 0, got {shaping} and {reach}")
-
-
-def _check_observation(observation: str) -> None:
-    if observation not in OBSERVATIONS:
-        raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
 
 
 def real_start_states(episodes: int, task: str | None = None, run: int = EVAL_SEED_RUN,

@@ -27,25 +27,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from stable_baselines3 import PPO
-from stable_baselines3.common.callbacks import BaseCallback
 
 from agents.robot import evaluate_in_real, make_real_env
+from agents.train_sb3 import RealEvalCallback
 from rlvr_gym.evaluation.report import markdown_table
 
 OUT = Path("runs/bench")
 REAL_ENVS = 4
-
-
-class Scorer(BaseCallback):
-    def __init__(self, every: int, scoring):
-        super().__init__()
-        self.every, self.scoring, self.points = every, scoring, []
-
-    def _on_step(self) -> bool:
-        if self.num_timesteps >= (len(self.points) + 1) * self.every:
-            self.points.append({"steps": self.num_timesteps, "real_success": self.scoring(self.model)})
-            print(json.dumps(self.points[-1]), flush=True)
-        return True
 
 
 def run_arm(observation: str, reach: float, seed: int, args: argparse.Namespace) -> list[dict]:
@@ -58,12 +46,14 @@ def run_arm(observation: str, reach: float, seed: int, args: argparse.Namespace)
                          num_envs=REAL_ENVS)
     model = PPO("MlpPolicy", venv, n_steps=256, batch_size=256, n_epochs=4, learning_rate=3e-4, seed=seed,
                 device="cpu", verbose=0)
-    scorer = Scorer(args.every, lambda m: evaluate_in_real(m, args.episodes, args.task, args.horizon)["success_rate"])
-    model.learn(args.steps, callback=scorer)
-    venv.close()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "points": scorer.points}))
-    return scorer.points
+    scorings = RealEvalCallback(lambda m: evaluate_in_real(m, args.episodes, args.task, args.horizon), args.every,
+                                path.with_suffix(".jsonl"))
+    model.learn(args.steps, callback=scorings)
+    venv.close()
+    points = [{"steps": r["step"], "real_success": r["success_rate"]} for r in scorings.results]
+    path.write_text(json.dumps({"key": key, "points": points}))
+    return points
 
 
 def main() -> None:

@@ -44,6 +44,11 @@ STATE_OBSERVATION_BOUND = 2.0
 [0, 1]."""
 
 
+def check_observation(observation: str) -> None:
+    if observation not in OBSERVATIONS:
+        raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
+
+
 def state_observation(state: np.ndarray, target_xy: np.ndarray) -> np.ndarray:
     """A state (STATE_NAMES) and the target marker's centre as an observation (STATE_OBSERVATION_NAMES)."""
     return np.concatenate([state, np.asarray(target_xy)[:2]]).astype(np.float32)
@@ -141,8 +146,7 @@ class _Simulator:
              precision: str = "float32", observation: str = "frame") -> _Simulator:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if observation not in OBSERVATIONS:
-            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
+        check_observation(observation)
         world = RobotWorldModel.load(checkpoint, device, precision)
         if observation == "state" and world.state_dynamics is None:
             raise ValueError(f"observation='state' shows the state the world model's state dynamics predict: "

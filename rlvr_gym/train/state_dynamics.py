@@ -35,13 +35,18 @@ from rlvr_gym.data.robot import (
 from rlvr_gym.domains.robot import balanced_accuracy
 from rlvr_gym.files import atomic_write_text
 from rlvr_gym.models.robot_world_model import RobotWorldModel, load_network, load_state_dynamics
-from rlvr_gym.models.state_dynamics import DRAWER, OBJECTS, StateDynamics, StateDynamicsConfig, dynamics_margin
+from rlvr_gym.models.state_dynamics import (
+    DRAWER,
+    GRIPPER,
+    OBJECTS,
+    StateDynamics,
+    StateDynamicsConfig,
+    dynamics_margin,
+)
 from rlvr_gym.train import run as RUN
 from rlvr_gym.train.robot import save_with_initial_states
 
 log = logging.getLogger("rlvr_gym")
-
-GRIPPER = slice(0, 3)
 
 
 @dataclass
