@@ -519,11 +519,11 @@ def recalibrate_rt1(world_dir: Path, config: CoTrainConfig, seen: list, replay: 
     return str(world_dir)
 
 
-def score_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> tuple[float, int]:
-    """`score_in_real` recorded (`CoTrainConfig.score_data`): the agent's greedy episodes from `eval_episodes`
-    held-out start states of this scoring's own, written to out/ as `collect_rt1` writes its data. The k-th scoring
-    of a run starts from the held-out starts k * eval_episodes on (`agents.robot.real_start_states`): the refit adds
-    a scoring's starts to the simulator's, so a later scoring reusing them would not be held out."""
+def score_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Path) -> list:
+    """`score_in_real` recorded (`CoTrainConfig.score_data`): the agent's greedy episodes from `eval_episodes` held-out
+    start states of this scoring's own, written to out/ as `collect_rt1` writes its data, and returned. The k-th
+    scoring of a run starts from the held-out starts k * eval_episodes on (`agents.robot.real_start_states`): the
+    refit adds a scoring's starts to the simulator's, so a later scoring reusing them would not be held out."""
     from agents.robot import real_start_states
     from envs.robot import RealRT1Env
     from rlvr_gym.data.episodes import collect_episode, write_shards
@@ -537,21 +537,20 @@ def score_rt1(agent: BaseAlgorithm, config: CoTrainConfig, state: State, out: Pa
     env.close()
     write_shards(episodes, out, split="train", config={"round": state.round, "policy": "agent", "scoring": True},
                  overwrite=True)
-    return float(np.mean([e.succeeded for e in episodes])), sum(len(e) for e in episodes)
+    return episodes
 
 
 REPLAYED_CALLS = ("replayed_failures_paid", "replayed_successes_paid")
 
 
-def replayed_calls(world: str, episodes: Path, config: CoTrainConfig) -> dict[str, float]:
+def replayed_calls(world: str, episodes: list, config: CoTrainConfig) -> dict[str, float]:
     """How honest the simulator the agent was trained in is on the agent's own fresh real episodes (a scoring no
     refit has seen yet): each replayed open loop under its real actions (`sim.robot.success_agreement`), the share of
     the real failures it pays and of the real successes (NaN when the scoring has none). A simulator that pays the
     agent's real failures is one it can still exploit."""
-    from rlvr_gym.data.episodes import load_episodes
     from rlvr_gym.sim.robot import success_agreement
 
-    calls = success_agreement(world, load_episodes(episodes), config.precision)[config.task]
+    calls = success_agreement(world, episodes, config.precision)[config.task]
     return {"replayed_failures_paid": calls["failures_paid"], "replayed_successes_paid": calls["successes_paid"]}
 
 
@@ -982,9 +981,13 @@ def run_cotrain(config: CoTrainConfig) -> dict:
 def score(agent: BaseAlgorithm, config: CoTrainConfig, state: State, round_dir: Path, writer: SummaryWriter,
           started: float) -> None:
     """(d) The agent's real success (its episodes recorded in round_dir/score with `score_data`) and its learned
-    success from the same starts, appended to the state's history as the round's record."""
+    success from the same starts (a recorded tabletop scoring also replayed open loop: `replayed_calls`), appended to
+    the state's history as the round's record."""
+    replayed = {}
     if config.score_data and config.env == RT1_ENV:
-        real_success, real_steps = score_rt1(agent, config, state, round_dir / SCORE_DATA)
+        episodes = score_rt1(agent, config, state, round_dir / SCORE_DATA)
+        real_success, real_steps = float(np.mean([e.succeeded for e in episodes])), sum(len(e) for e in episodes)
+        replayed = replayed_calls(state.world, episodes, config)
     elif config.score_data:
         real_success, real_steps = score_text(agent, config, state.world, round_dir / SCORE_DATA)
     else:
@@ -995,9 +998,7 @@ def score(agent: BaseAlgorithm, config: CoTrainConfig, state: State, round_dir: 
               "learned_success": learned_success(agent, state.world, config, config.eval_episodes,
                                                  scoring_first(config, state)),
               "agent_steps": int(agent.num_timesteps), "world": state.world,
-              "seconds": round(time.perf_counter() - started, 1)}
-    if config.score_data and config.env == RT1_ENV:
-        record.update(replayed_calls(state.world, round_dir / SCORE_DATA, config))
+              "seconds": round(time.perf_counter() - started, 1), **replayed}
     for key in ("real_success", "learned_success", *REPLAYED_CALLS):
         if key in record and np.isfinite(record[key]):
             writer.add_scalar(f"cotrain/{key}", record[key], state.real_steps_total)
