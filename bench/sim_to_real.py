@@ -257,7 +257,8 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = f"{label}+state" if args.observation == "state" and env == RT1_ENV else label
     label = f"{label}+agent{args.agent_share:g}" if args.agent_share and env == RT1_ENV else label
     label = f"{label}+penalty{args.uncertainty_penalty:g}" if args.uncertainty_penalty and env == RT1_ENV else label
-    label = f"{label}+dynamics{args.dynamics_steps}" if args.dynamics_steps != 200 and env == RT1_ENV else label
+    label = (f"{label}+dynamics{args.dynamics_steps}"
+             if args.dynamics_steps != CoTrainConfig.dynamics_steps and env == RT1_ENV else label)
     label = f"{label}+real-updates" if args.real_updates else label
     label = f"{label}+win{args.win_share:g}" if args.win_share and env == TEXT_ENV else label
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
@@ -323,7 +324,7 @@ def main() -> None:
     parser.add_argument("--uncertainty-penalty", type=float, default=0.0,
                         help="tabletop: MOPO penalty on the agent's reward in the learned sims "
                              "(`CoTrainConfig.uncertainty_penalty`)")
-    parser.add_argument("--dynamics-steps", type=int, default=200,
+    parser.add_argument("--dynamics-steps", type=int, default=CoTrainConfig.dynamics_steps,
                         help="tabletop: steps of each state-dynamics refit (`CoTrainConfig.dynamics_steps`)")
     parser.add_argument("--agent-share", type=float, default=0.0,
                         help="tabletop: least share of the agent's transitions in each dynamics refit "
