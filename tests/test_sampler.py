@@ -38,6 +38,16 @@ def test_fast_decoder_matches_the_model_forward(make):
     logits = decoder.prefill()
     for i, p in enumerate(PROMPTS):
         torch.testing.assert_close(logits[i], model(torch.tensor([p])).logits[0, -1], atol=1e-4, rtol=1e-4)
+    # Then a multi-token forward and a one-token one over the cache (the prefill went in row chunks).
+    decoder = LlamaDecoder(model, PROMPTS, max_len=16, device=torch.device("cpu"))
+    decoder.prefill(rows_per_pass=2)
+    more = torch.tensor([[10, 11], [12, 13], [14, 15]])
+    logits = decoder.forward(more)
+    last = decoder.step(torch.tensor([20, 21, 22]))
+    for i, p in enumerate(PROMPTS):
+        full = model(torch.tensor([p + more[i].tolist() + [20 + i]])).logits[0]
+        torch.testing.assert_close(logits[i], full[-2], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(last[i], full[-1], atol=1e-4, rtol=1e-4)
     rollout = sample(model, PROMPTS, SamplingConfig(max_new_tokens=8, temperature=0), num_samples=2)
     for i, p in enumerate(PROMPTS):
         expected = greedy_reference(model, p, 8)

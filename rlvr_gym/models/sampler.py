@@ -269,6 +269,11 @@ class LlamaDecoder:
     runs in it, while the residual stream, the norms, the KV cache and attention stay in the model's own type: on a
     CPU with AVX-512 BF16 the bfloat16 products run about 4x faster than float32 ones, whereas attention over the
     cache (memory-bound at decode) runs slower in bfloat16 than in float32 there.
+
+    The cache keeps keys and values with the position axis last, (layers, rows, kv heads, head dim, positions): a
+    decoded token's query reads each row's whole cache, and both of its products then run over contiguous memory,
+    about 2x faster on a CPU than `scaled_dot_product_attention` over (positions, head dim) caches (runs/bench
+    `bench.rt1_sim`). The prompt's own attention, at prefill, goes through that kernel on the fresh keys.
     """
 
     @staticmethod
@@ -305,9 +310,10 @@ class LlamaDecoder:
         self.weights = [self.fuse(layer, self.matmul_dtype) for layer in self.layers]
         head = model.lm_head
         self.head = (head.weight.to(self.matmul_dtype), None if head.bias is None else head.bias.to(self.matmul_dtype))
-        shape = (len(self.layers), len(prompts), self.n_kv, max_len, self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (len(self.layers), len(prompts), self.n_kv, self.head_dim, max_len)
+        # Never read past what a forward wrote: a query reads its row's positions up to its own.
+        self.k_cache = torch.empty(shape, dtype=dtype, device=device)
+        self.v_cache = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0
 
     @staticmethod
@@ -342,18 +348,19 @@ class LlamaDecoder:
         x1, x2 = x.chunk(2, -1)
         return x * cos + torch.cat([-x2, x1], -1) * sin
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
+        """Logits after `ids` (the cache's `rows`), whose keys and values join the cache at its current length."""
         B, q_len = ids.shape
         start, end = self.length, self.length + q_len
-        positions = self.positions[:, start:end]
+        positions = self.positions[rows, start:end]
+        key_valid = self.key_valid[rows]
         cos, sin = self.cos_table[positions][:, None], self.sin_table[positions][:, None]
-        if q_len > 1:
+        if q_len > 1:  # one query attends to all of its row's valid cache: `attend_one`
             causal = torch.ones(q_len, end, dtype=torch.bool, device=ids.device).tril(start)
             # A padding query attends to itself so that no softmax row is empty (an empty row gives NaN).
-            mask = (causal & self.key_valid[:, None, :end]) | torch.eye(q_len, end, dtype=torch.bool, device=ids.device)
+            itself = F.pad(torch.eye(q_len, dtype=torch.bool, device=ids.device), (start, 0))
+            mask = (causal & key_valid[:, None, :end]) | itself
             mask = mask[:, None]
-        else:
-            mask = self.key_valid[:, None, None, :end] if self.has_padding else None
         x = self.model.model.embed_tokens(ids)
         gqa = self.n_kv != self.n_heads
         for i, w in enumerate(self.weights):
@@ -364,19 +371,44 @@ class LlamaDecoder:
             qk = self.rotate(qkv[..., : (self.n_heads + self.n_kv) * self.head_dim]
                              .view(B, q_len, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
             q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
-            self.k_cache[i, :, :, start:end] = k
-            self.v_cache[i, :, :, start:end] = v.view(B, q_len, self.n_kv, self.head_dim).transpose(1, 2)
-            a = F.scaled_dot_product_attention(
-                q, self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end], attn_mask=mask, enable_gqa=gqa
-            )
+            v = v.view(B, q_len, self.n_kv, self.head_dim).transpose(1, 2)
+            k_cache, v_cache = self.k_cache[i, rows], self.v_cache[i, rows]
+            k_cache[..., start:end] = k.transpose(-1, -2)
+            v_cache[..., start:end] = v.transpose(-1, -2)
+            if q_len == 1:
+                a = self.attend_one(q, k_cache[..., :end], v_cache[..., :end], key_valid[:, :end])
+            else:
+                if start:  # a second multi-token forward attends to the cache too
+                    k, v = k_cache[..., :end].transpose(-1, -2), v_cache[..., :end].transpose(-1, -2)
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
             x = x + self.linear(a.transpose(1, 2).reshape(B, q_len, -1), w["o"], w["o_bias"])
             gate, up = self.linear(self.rms_norm(x, w["norm2"]), w["gate_up"]).chunk(2, -1)
             x = x + self.linear(F.silu(gate) * up, w["down"])
-        self.length = end
+        if rows == slice(None):
+            self.length = end
         return self.linear(self.rms_norm(x[:, -1], self.model.model.norm.weight), *self.head).float()
 
-    def prefill(self) -> torch.Tensor:
-        return self.forward(self.ids)
+    def attend_one(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_valid: torch.Tensor
+                   ) -> torch.Tensor:
+        """Attention of each row's one new query (rows, heads, 1, head dim) over its cached keys and values (rows,
+        kv heads, head dim, positions); the heads that share a key/value head (GQA) are that head's rows of one
+        product."""
+        B, group = len(q), self.n_heads // self.n_kv
+        scores = torch.matmul(q.reshape(B, self.n_kv, group, self.head_dim), keys) * self.head_dim**-0.5
+        if self.has_padding:
+            scores = scores.masked_fill(~key_valid[:, None, None], float("-inf"))
+        weights = scores.float().softmax(-1).to(q.dtype)
+        out = torch.matmul(values, weights.transpose(-1, -2))  # (rows, kv heads, head dim, group)
+        return out.transpose(-1, -2).reshape(B, self.n_heads, 1, self.head_dim)
+
+    def prefill(self, rows_per_pass: int = 8) -> torch.Tensor:
+        """The prompts' logits, `rows_per_pass` prompts at a time: a whole batch's activations (64 prompts of 145
+        tokens: 38 MB per tensor) are freshly mapped memory for every op, and the page faults cost more than the
+        products; a few rows' stay in the allocator's heap and the core's cache."""
+        logits = [self.forward(self.ids[r : r + rows_per_pass], slice(r, r + rows_per_pass))
+                  for r in range(0, len(self.ids), rows_per_pass)]
+        self.length = self.prompt_width
+        return torch.cat(logits)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.forward(tokens[:, None])
