@@ -206,8 +206,8 @@ def main(out_dir: str = "runs/bench", checkpoint: str = "rt1-rlvr", num_envs: in
     text += ("Batching removes the per-token Python overhead that dominates a single env; it cannot remove "
              "arithmetic nor the attention's reads of the KV cache at each decoded token, which is why the speedup on "
              "a CPU is bounded by how far the single env is from the bound. bfloat16 runs the weight products "
-             "(transformer, frame networks) faster; attention and its cache stay float32, where this CPU's attention "
-             "kernel is fastest.\n")
+             "(transformer, frame networks) faster; the KV cache stays float32: a decoded token's attention is two "
+             "products over each row's cache (`LlamaDecoder`), which ran no faster over a bfloat16 cache here.\n")
     if fidelity_episodes:
         frows = [{"precision": r["precision"], **{k: v for k, v in r["fidelity"].items() if k != "success_by_task"}}
                  for r in runs]

@@ -272,8 +272,8 @@ class LlamaDecoder:
 
     The cache keeps keys and values with the position axis last, (layers, rows, kv heads, head dim, positions): a
     decoded token's query reads each row's whole cache, and both of its products then run over contiguous memory,
-    about 2x faster on a CPU than `scaled_dot_product_attention` over (positions, head dim) caches (runs/bench
-    `bench.rt1_sim`). The prompt's own attention, at prefill, goes through that kernel on the fresh keys.
+    about 2x faster on a CPU than `scaled_dot_product_attention` over (positions, head dim) caches (64 rows of 180
+    positions, 4 heads of 64). The prompt's own attention, at prefill, goes through that kernel on the fresh keys.
     """
 
     @staticmethod
