@@ -137,10 +137,6 @@ class CoTrainConfig:
     """RT-1 state dynamics refits: least share of the agent's own real transitions in the refit's data, its episodes
     repeated until they make it (0: as they come). The agent's few episodes among the replay's thousands otherwise
     barely move the dynamics where the agent goes."""
-    latest_share: float = 0.0
-    """RT-1 state dynamics refits: least share of the agent's newest real episodes (the round's collect, else the
-    scoring before the refit) among its transitions in the refit, repeated until they make it (0: every round's
-    alike). A simulator fit on the agent's past selves pays its present self for what they did."""
     recalibrate: bool = True
     """RT-1: after each refit, set the task's success threshold afresh from open-loop replays of real episodes (every
     agent episode so far, and up to `calibration_replay` of the replay's for the task; `sim.robot.recalibrate_task`):
@@ -440,10 +436,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
 
     world = RobotWorldModel.load(state.world)
     agent_data = rt1_agent_data(config, state, run_dir)
-    by_directory = {directory: load_episodes(directory) for directory in agent_data}
-    seen = [e for episodes in by_directory.values() for e in episodes]
-    # The agent's newest real steps: the round's collect, or else the scoring before it.
-    newest = out / "real" if (out / "real").is_dir() else agent_data[-1]
+    seen = [e for directory in agent_data for e in load_episodes(directory)]
     replay = load_episodes(config.replay) if config.replay else []
     mixed = seen + replay
     examples = [ex for e in tqdm(mixed, desc=f"round {state.round}: refit (tokenise)", unit="episode", leave=False)
@@ -453,7 +446,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
                     save_every=max(config.mle_steps, 1), seed=config.seed, resume=(out / "mle" / "checkpoints").exists())
     world.lm = load_model(train_sft(sft, examples))[0].eval()
     if world.state_dynamics is not None and config.dynamics_steps:
-        world.state_dynamics = refit_dynamics(config, state, out, by_directory, newest, replay)
+        world.state_dynamics = refit_dynamics(config, state, out, agent_data, seen, replay)
     mle_dir = save_with_initial_states(world, state.world, out / "world_mle")
     # The simulator resets from its own real start states and every one the agent has seen: with the agent's alone,
     # the first round's agent would learn from a handful of starts.
@@ -464,6 +457,8 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     grpo = GRPOConfig(steps=config.grpo_steps, lr=3e-5, prompts_per_step=4, group_size=8, beta=0.0, temperature=0.5,
                       save_every=max(config.grpo_steps, 1), seed=config.seed,
                       resume=(out / "rlvr" / "checkpoints").exists())
+    # GRPO's prompts: the agent's newest real steps, the round's collect or else the scoring before it.
+    newest = out / "real" if (out / "real").is_dir() else agent_data[-1]
     recipe = RT1RLVRConfig(data=str(newest), model=str(mle_dir), out=str(out / "rlvr"), horizon=1,
                            rollout_depth=1, surprise_prompts=config.surprise_prompts, seed=config.seed, grpo=grpo)
     rlvr_dir = run_rt1_rlvr(recipe)
@@ -479,32 +474,20 @@ def rt1_agent_data(config: CoTrainConfig, state: State, run_dir: Path) -> list[P
     return [d for d in collected if d.is_dir()] + scorings
 
 
-def refit_dynamics(config: CoTrainConfig, state: State, out: Path, agent_data: dict[Path, list], newest: Path,
+def refit_dynamics(config: CoTrainConfig, state: State, out: Path, agent_data: list[Path], seen: list,
                    replay: list):
-    """The world model's state dynamics fit further on the agent's real episodes (`rt1_agent_data`, each
-    directory's episodes) and the replay's, weighted by `dynamics_refit_data` (out/dynamics, resumable)."""
+    """The world model's state dynamics fit further on the agent's real episodes (`rt1_agent_data`, the episodes
+    `seen`), repeated to make `agent_share` of the data, and the replay's (out/dynamics, resumable)."""
     from rlvr_gym.models.robot_world_model import load_state_dynamics
     from rlvr_gym.train.state_dynamics import DynamicsConfig, train_state_dynamics
 
-    steps = {directory: sum(len(e) for e in episodes) for directory, episodes in agent_data.items()}
-    data = dynamics_refit_data(steps, newest, sum(len(e) for e in replay), config.agent_share, config.latest_share)
+    repeats = agent_repeats(sum(len(e) for e in seen), sum(len(e) for e in replay), config.agent_share)
+    data = tuple(str(directory) for directory in agent_data) * repeats
     dynamics = DynamicsConfig(run_dir=str(out / "dynamics"), model=str(Path(state.world) / "state_dynamics"),
                               data=data + ((config.replay,) if config.replay else ()), steps=config.dynamics_steps,
                               lr=3e-4, warmup_steps=0, save_every=config.dynamics_steps, seed=config.seed,
                               resume=(out / "dynamics" / "checkpoints").exists())
     return load_state_dynamics(train_state_dynamics(dynamics))
-
-
-def dynamics_refit_data(agent_steps: dict[Path, int], newest: Path, replay_steps: int, agent_share: float,
-                        latest_share: float) -> tuple[str, ...]:
-    """The agent's data directories of a dynamics refit (each repeat a copy; the replay comes once after them): the
-    `newest` repeated to make `latest_share` of the agent's transitions, then all of them to make `agent_share` of
-    the refit's with the replay's `replay_steps`."""
-    older = sum(n for directory, n in agent_steps.items() if directory != newest)
-    newest_repeats = agent_repeats(agent_steps.get(newest, 0), older, latest_share)
-    weighted = [directory for directory in agent_steps for _ in range(newest_repeats if directory == newest else 1)]
-    repeats = agent_repeats(older + newest_repeats * agent_steps.get(newest, 0), replay_steps, agent_share)
-    return tuple(str(directory) for directory in weighted) * repeats
 
 
 def agent_repeats(agent_steps: int, replay_steps: int, share: float) -> int:
@@ -895,8 +878,6 @@ def check_config(config: CoTrainConfig) -> None:
         raise ValueError(f"--surprise-on is state or outcome, got {config.surprise_on!r}")
     if not 0 <= config.agent_share < 1:
         raise ValueError(f"--agent-share must be in [0, 1), got {config.agent_share}")
-    if not 0 <= config.latest_share < 1:
-        raise ValueError(f"--latest-share must be in [0, 1), got {config.latest_share}")
     if not 0 <= config.win_share < 1:
         raise ValueError(f"--win-share is a fraction in [0, 1), got {config.win_share}")
     if config.env == TEXT_ENV and config.exploration > 1:

@@ -8,7 +8,7 @@
 Every arm of every (task, seed) is kept under runs/bench/sim_to_real/ (the arms that train in a sim shaped by
 `--shaping W` under TASK+shapingW/, with `--reach R` as well under TASK+shapingW+reachR/, agents on the state
 (`--observation state`) under TASK+...+state/, with `--agent-share F` and `--uncertainty-penalty P` under
-TASK+...+agentF+penaltyP/ (`--latest-share F` under ...+agentF+latestF+..., and `--dynamics-steps N` other than 200 under ...+dynamicsN/), a loop with
+TASK+...+agentF+penaltyP/ (and `--dynamics-steps N` other than 200 under ...+dynamicsN/), a loop with
 `--real-updates` under TASK+real-updates/, text refits with `--win-share F` under text+winF/, with `--surprise-on
 outcome` under text+surprise-outcome/, with `--text-replay` under text+replay/, with `--score-data` under
 TASK+score-data/; each loop in a directory of its own settings, loop-SEED-DIGEST) and reused by a rerun with the
@@ -216,7 +216,7 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     else:
         # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
         # agent pretrains do not change the other arms. Whether scorings are data changes the real-env arms too.
-        loop_only = ("out", "real_updates", "win_share", "agent_share", "latest_share", "surprise_on", "pretrain_steps",
+        loop_only = ("out", "real_updates", "win_share", "agent_share", "surprise_on", "pretrain_steps",
                      "pretrain_checkpoint", *LATER_SETTINGS, *(() if arm.startswith("real") else ("score_data",)))
         key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
                "world": world_fingerprint(config), **away_from_default(config, LATER_SETTINGS)}
@@ -256,7 +256,6 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = f"{label}+reach{args.reach:g}" if args.reach and env == RT1_ENV else label
     label = f"{label}+state" if args.observation == "state" and env == RT1_ENV else label
     label = f"{label}+agent{args.agent_share:g}" if args.agent_share and env == RT1_ENV else label
-    label = f"{label}+latest{args.latest_share:g}" if args.latest_share and env == RT1_ENV else label
     label = f"{label}+penalty{args.uncertainty_penalty:g}" if args.uncertainty_penalty and env == RT1_ENV else label
     label = (f"{label}+dynamics{args.dynamics_steps}"
              if args.dynamics_steps != CoTrainConfig.dynamics_steps and env == RT1_ENV else label)
@@ -330,9 +329,6 @@ def main() -> None:
     parser.add_argument("--agent-share", type=float, default=0.0,
                         help="tabletop: least share of the agent's transitions in each dynamics refit "
                              "(`CoTrainConfig.agent_share`)")
-    parser.add_argument("--latest-share", type=float, default=0.0,
-                        help="tabletop: least share of the agent's newest real episodes among its transitions in each "
-                             "dynamics refit (`CoTrainConfig.latest_share`)")
     parser.add_argument("--reach", type=float, default=0.0,
                         help="tabletop: weight per metre of the shaped reward's reach term (`CoTrainConfig.reach`)")
     parser.add_argument("--replay", default="", help="episodes mixed into every tabletop refit (`rlvr-gym collect rt1`)")
@@ -370,7 +366,6 @@ def main() -> None:
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
                                         "replay": args.replay, "shaping": args.shaping, "reach": args.reach,
                                         "observation": args.observation, "agent_share": args.agent_share,
-                                        "latest_share": args.latest_share,
                                         "uncertainty_penalty": args.uncertainty_penalty,
                                         "dynamics_steps": args.dynamics_steps,
                                         "precision": args.precision,

@@ -4,7 +4,6 @@ import argparse
 import json
 import shutil
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import pytest
 
@@ -67,8 +66,8 @@ def test_a_real_arm_depends_on_the_agent_and_scoring_a_frozen_one_on_the_world_t
 
 def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_directory():
     args = argparse.Namespace(checkpoint="rt1-rlvr", text_checkpoint="textgame-rlvr", shaping=0.0, reach=0.0,
-                              observation="frame", agent_share=0.0, latest_share=0.0, uncertainty_penalty=0.0,
-                              dynamics_steps=200, real_updates=False,
+                              observation="frame", agent_share=0.0, uncertainty_penalty=0.0, dynamics_steps=200,
+                              real_updates=False,
                               win_share=0.0, surprise_on="state", text_replay="", pretrain_steps=0,
                               pretrain_checkpoint="", score_data=False)
     assert arm_label("close_drawer", args) == "close_drawer"
@@ -80,8 +79,6 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
         == "open_drawer+shaping0.2+reach5+state"
     assert arm_label("open_drawer", replace_args(args, agent_share=0.5, uncertainty_penalty=0.05, dynamics_steps=600)) \
         == "open_drawer+agent0.5+penalty0.05+dynamics600"
-    assert arm_label("open_drawer", replace_args(args, agent_share=0.5, latest_share=0.75)) \
-        == "open_drawer+agent0.5+latest0.75"
     assert arm_label("close_drawer", replace_args(args, checkpoint="runs/x/world")) == "close_drawer+runs_x_world"
     assert arm_label("text", replace_args(args, shaping=0.2)) == "text"  # the text sim takes no shaping
     assert arm_label("text", replace_args(args, text_checkpoint="runs/y/final")) == "text+runs_y_final"
@@ -240,21 +237,3 @@ def test_the_agents_transitions_are_repeated_to_make_their_share_of_a_dynamics_r
     assert 300 * repeats / (300 * repeats + 10_000) >= 0.25 > 300 * (repeats - 1) / (300 * (repeats - 1) + 10_000)
     with pytest.raises(ValueError, match="--agent-share"):
         check_config(CoTrainConfig(task="close_drawer", agent_share=1.0))
-
-
-def test_a_dynamics_refit_repeats_the_newest_episodes_to_their_share_then_the_agents_to_theirs():
-    from agents.cotrain import dynamics_refit_data
-
-    steps = {Path("start"): 800, Path("round_00"): 800, Path("round_01"): 400}
-    assert dynamics_refit_data(steps, Path("round_01"), 10_000, 0.0, 0.0) == ("start", "round_00", "round_01")
-    data = dynamics_refit_data(steps, Path("round_01"), 10_000, 0.5, 0.75)
-    copies = data.count("start")  # the older ones once per repeat of the whole
-    assert data.count("round_00") == copies and data.count("round_01") % copies == 0
-    newest = data.count("round_01") // copies  # the newest's repeats within one copy
-    assert 400 * newest / (1600 + 400 * newest) >= 0.75 > 400 * (newest - 1) / (1600 + 400 * (newest - 1))
-    agent = sum(steps[Path(d)] for d in data)
-    assert agent / (agent + 10_000) >= 0.5 > (agent - agent / copies) / (agent - agent / copies + 10_000)
-    # The first refit has nothing older: the newest once, then repeated with the rest for the agent's share.
-    assert set(dynamics_refit_data({Path("start"): 800}, Path("start"), 10_000, 0.5, 0.75)) == {"start"}
-    with pytest.raises(ValueError, match="--latest-share"):
-        check_config(CoTrainConfig(task="close_drawer", latest_share=1.0))
