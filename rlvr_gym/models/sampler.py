@@ -401,10 +401,12 @@ class LlamaDecoder:
         out = torch.matmul(values, weights.transpose(-1, -2))  # (rows, kv heads, head dim, group)
         return out.transpose(-1, -2).reshape(B, self.n_heads, 1, self.head_dim)
 
-    def prefill(self, rows_per_pass: int = 8) -> torch.Tensor:
-        """The prompts' logits, `rows_per_pass` prompts at a time: a whole batch's activations (64 prompts of 145
-        tokens: 38 MB per tensor) are freshly mapped memory for every op, and the page faults cost more than the
-        products; a few rows' stay in the allocator's heap and the core's cache."""
+    def prefill(self, rows_per_pass: int | None = None) -> torch.Tensor:
+        """The prompts' logits, `rows_per_pass` prompts at a time (default: 8 on a CPU, all on a GPU). On a CPU a
+        whole batch's activations (64 prompts of 145 tokens: 38 MB per tensor) are freshly mapped memory for every
+        op, and the page faults cost more than the products; a few rows' stay in the allocator's heap and the core's
+        cache. A GPU's caching allocator has no such cost, and one pass keeps it busy."""
+        rows_per_pass = rows_per_pass or (8 if self.ids.device.type == "cpu" else len(self.ids))
         logits = [self.forward(self.ids[r : r + rows_per_pass], slice(r, r + rows_per_pass))
                   for r in range(0, len(self.ids), rows_per_pass)]
         self.length = self.prompt_width
