@@ -355,7 +355,7 @@ class LlamaDecoder:
         positions = self.positions[rows, start:end]
         key_valid = self.key_valid[rows]
         cos, sin = self.cos_table[positions][:, None], self.sin_table[positions][:, None]
-        if q_len > 1:  # one query attends to all of its row's valid cache: `attend_one`
+        if q_len > 1:  # a single query's mask is `attend_one`'s
             causal = torch.ones(q_len, end, dtype=torch.bool, device=ids.device).tril(start)
             # A padding query attends to itself so that no softmax row is empty (an empty row gives NaN).
             itself = F.pad(torch.eye(q_len, dtype=torch.bool, device=ids.device), (start, 0))
