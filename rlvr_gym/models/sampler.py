@@ -297,6 +297,7 @@ class LlamaDecoder:
         self.n_kv = getattr(config, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.eps = config.rms_norm_eps
+        self.scale = self.head_dim**-0.5
         self.ids, self.key_valid = left_pad(prompts, device)
         self.prompt_width = self.ids.shape[1]
         self.has_padding = not bool(self.key_valid.all())
@@ -393,13 +394,14 @@ class LlamaDecoder:
         """Attention of each row's one new query (rows, heads, 1, head dim) over its cached keys and values (rows,
         kv heads, head dim, positions); the heads that share a key/value head (GQA) are that head's rows of one
         product."""
+        # Batched products over (rows x kv heads): a 4-d matmul's own reshapes cost a one-row batch 7% of its speed.
         B, group = len(q), self.n_heads // self.n_kv
-        scores = torch.matmul(q.reshape(B, self.n_kv, group, self.head_dim), keys) * self.head_dim**-0.5
+        scores = torch.bmm(q.reshape(B * self.n_kv, group, self.head_dim), keys.flatten(0, 1)).mul_(self.scale)
         if self.has_padding:
-            scores = scores.masked_fill(~key_valid[:, None, None], float("-inf"))
-        weights = scores.float().softmax(-1).to(q.dtype)
-        out = torch.matmul(values, weights.transpose(-1, -2))  # (rows, kv heads, head dim, group)
-        return out.transpose(-1, -2).reshape(B, self.n_heads, 1, self.head_dim)
+            scores = scores.view(B, self.n_heads, -1).masked_fill_(~key_valid[:, None], float("-inf")).view_as(scores)
+        weights = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
+        out = torch.bmm(values.flatten(0, 1), weights.transpose(1, 2))  # (rows x kv heads, head dim, group)
+        return out.transpose(1, 2).reshape(B, self.n_heads, 1, self.head_dim)
 
     def prefill(self, rows_per_pass: int | None = None) -> torch.Tensor:
         """The prompts' logits, `rows_per_pass` prompts at a time (default: 8 on a CPU, all on a GPU). On a CPU a
