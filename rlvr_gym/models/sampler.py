@@ -268,7 +268,7 @@ class LlamaDecoder:
     With a `matmul_dtype` other than the model's, the weight matrices are cast to it once and every product with them
     runs in it, while the residual stream, the norms, the KV cache and attention stay in the model's own type: on a
     CPU with AVX-512 BF16 the bfloat16 products run about 4x faster than float32 ones, whereas attention over the
-    cache (memory-bound at decode) runs slower in bfloat16 than in float32 there.
+    cache (memory-bound at decode) runs no faster in bfloat16 than in float32 there.
 
     The cache keeps keys and values with the position axis last, (layers, rows, kv heads, head dim, positions): a
     decoded token's query reads each row's whole cache, and both of its products then run over contiguous memory,
