@@ -41,7 +41,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -78,6 +78,8 @@ START_SCORE = "start"
 """The phase, and its directory, that scores the agent before round 0 (`CoTrainConfig.score_data`)."""
 SCORE_DATA = "score"
 """A scoring's recorded real episodes, in a round's directory (`CoTrainConfig.score_data`)."""
+RESUMABLE_CHANGES = ("rounds", "final_dynamics_steps")
+"""Settings a run may be resumed with other values of: more rounds, another final refit."""
 COLLECT_SEED_RUN = 8
 """Tabletop start states the agent collects data from: env seeds 8_000_000 + i (the scoring run is agents.robot's 9)."""
 
@@ -137,6 +139,12 @@ class CoTrainConfig:
     """RT-1 state dynamics refits: least share of the agent's own real transitions in the refit's data, its episodes
     repeated until they make it (0: as they come). The agent's few episodes among the replay's thousands otherwise
     barely move the dynamics where the agent goes."""
+    final_dynamics_steps: int = 0
+    """RT-1 world models with state dynamics: after the last round's scoring, fit the last round's world's state
+    dynamics this many steps further on every real episode of the agent (that scoring too) and the replay's, as a
+    round's refit weights them (0: no final refit). The result, `State.final_world`, is the simulator to evaluate
+    the final agent in: one it never trained in, so it is not the world the agent converged on exploiting. It may
+    be added to a finished run (`--rounds` and this may change on resume)."""
     recalibrate: bool = True
     """RT-1: after each refit, set the task's success threshold afresh from open-loop replays of real episodes (every
     agent episode so far, and up to `calibration_replay` of the replay's for the task; `sim.robot.recalibrate_task`):
@@ -217,6 +225,8 @@ class State:
     collect_seed: int = 0
     """The next real start state's index in the collection run (tabletop) or the list of games (text)."""
     history: list = field(default_factory=list)
+    final_world: str = ""
+    """The final refit's world model (`CoTrainConfig.final_dynamics_steps`), once made."""
 
 
 def resolve_world(config: CoTrainConfig) -> str:
@@ -240,10 +250,10 @@ def load_state(config: CoTrainConfig, out: Path) -> State:
         return State(world=resolve_world(config), phase=first_phase(config))
     saved = json.loads(path.read_text())
     recorded = recorded_config(out)
-    changed = {k for k, v in asdict(config).items() if recorded[k] != v and k != "rounds"}
+    changed = {k for k, v in asdict(config).items() if recorded[k] != v and k not in RESUMABLE_CHANGES}
     if changed:
         raise ValueError(f"{out} holds a run with other settings ({sorted(changed)}); resume it with the same "
-                         "flags (only --rounds may grow) or pick another --out")
+                         "flags (only --rounds may grow, and --final-dynamics-steps change) or pick another --out")
     return State(**saved)
 
 
@@ -488,6 +498,26 @@ def refit_dynamics(config: CoTrainConfig, state: State, out: Path, agent_data: l
                               lr=3e-4, warmup_steps=0, save_every=config.dynamics_steps, seed=config.seed,
                               resume=(out / "dynamics" / "checkpoints").exists())
     return load_state_dynamics(train_state_dynamics(dynamics))
+
+
+def final_refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
+    """`CoTrainConfig.final_dynamics_steps`: the last round's world with its state dynamics refit on every real
+    episode so far (out/world_mle, resumable), its start states the agent's too."""
+    from rlvr_gym.data.episodes import load_episodes
+    from rlvr_gym.data.robot import load_initial_states, with_episode_starts, write_initial_states
+    from rlvr_gym.models.robot_world_model import RobotWorldModel
+    from rlvr_gym.train.robot import save_with_initial_states
+
+    world = RobotWorldModel.load(state.world)
+    agent_data = rt1_agent_data(config, state, run_dir)  # after the last round: every scoring and collect
+    seen = [e for directory in agent_data for e in load_episodes(directory)]
+    replay = load_episodes(config.replay) if config.replay else []
+    final = replace(config, dynamics_steps=config.final_dynamics_steps)
+    world.state_dynamics = refit_dynamics(final, state, out, agent_data, seen, replay)
+    final_dir = save_with_initial_states(world, state.world, out / "world_mle")
+    write_initial_states(final_dir, with_episode_starts(load_initial_states(state.world), seen))
+    log.info("final refit: %s", final_dir)
+    return str(final_dir)
 
 
 def agent_repeats(agent_steps: int, replay_steps: int, share: float) -> int:
@@ -876,6 +906,12 @@ def check_config(config: CoTrainConfig) -> None:
         raise ValueError("--real-updates in the text games takes --algo dqn")
     if config.surprise_on not in ("state", "outcome"):
         raise ValueError(f"--surprise-on is state or outcome, got {config.surprise_on!r}")
+    if config.final_dynamics_steps < 0:
+        raise ValueError(f"--final-dynamics-steps must be >= 0, got {config.final_dynamics_steps}")
+    has_dynamics = config.env == RT1_ENV and (Path(resolve_world(config)) / "state_dynamics").is_dir()
+    if config.final_dynamics_steps and not has_dynamics:
+        raise ValueError("--final-dynamics-steps refits a tabletop world model's state dynamics: "
+                         f"{config.world_checkpoint} has none (rt1-dynamics has them)")
     if not 0 <= config.agent_share < 1:
         raise ValueError(f"--agent-share must be in [0, 1), got {config.agent_share}")
     if not 0 <= config.win_share < 1:
@@ -973,6 +1009,10 @@ def run_cotrain(config: CoTrainConfig) -> dict:
             state.round, state.phase = state.round + 1, PHASES[0]
             save_state(state, out)
             save_rounds(state, out)
+    final_dir = out / f"final_after_{state.round:02d}_rounds_{config.final_dynamics_steps}_steps"
+    if config.final_dynamics_steps and state.final_world != str(final_dir / "world_mle"):
+        state.final_world = final_refit_rt1(config, state, final_dir, out)
+        save_state(state, out)
     env.close()
     writer.close()
     return state.history[-1] if state.history else {}

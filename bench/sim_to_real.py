@@ -55,6 +55,7 @@ from agents.cotrain import (
     AGENT_TRANSITIONS,
     DEFAULT_CHECKPOINTS,
     PRETRAIN,
+    RESUMABLE_CHANGES,
     RT1_ENV,
     TEXT_ENV,
     CoTrainConfig,
@@ -163,13 +164,15 @@ def frozen_arm(config: CoTrainConfig) -> list[dict]:
     return points
 
 
-def final_check(config: CoTrainConfig, agents: list[tuple[int, Path]], world: str, path: Path, episodes: int) -> dict:
+def final_check(config: CoTrainConfig, agents: list[tuple[int, Path]], world: str, path: Path, episodes: int,
+                final_world: str = "") -> dict:
     """An arm's curve scored again: the agent of each point ((real steps, saved agent)) on `episodes` real episodes
     (tabletop: held-out starts from CHECK_FIRST on; text: the games in the same seeded order, so 32 plays each game
     once: the 16 a text loop never collected on too), and the final agent also in the simulator `world` from the
-    same starts (a loop's last refit; the starting one for an agent trained in the real env). Like any final
+    same starts (a loop's last refit, which it trained in; the starting one for an agent trained in the real env),
+    and in `final_world` if given (a loop's final refit, `CoTrainConfig.final_dynamics_steps`). Like any final
     scoring it is not counted in the real-step budget. Kept in `path`, and computed again when the agents (a loop
-    that has run more rounds, a real arm trained again) or the world differ."""
+    that has run more rounds, a real arm trained again) or the worlds differ."""
 
     def check() -> dict:
         load = DQN.load if config.algo == "dqn" else PPO.load
@@ -177,12 +180,16 @@ def final_check(config: CoTrainConfig, agents: list[tuple[int, Path]], world: st
         scored = [(steps, load(agent, device="cpu")) for steps, agent in agents]
         points = [{"real_steps_total": steps, "real_success": score_in_real(agent, checked, world, CHECK_FIRST)[0]}
                   for steps, agent in scored]
-        return {"episodes": episodes, "points": points, "real_success": points[-1]["real_success"],
-                "learned_success": learned_success(scored[-1][1], world, checked, episodes, CHECK_FIRST)}
+        result = {"episodes": episodes, "points": points, "real_success": points[-1]["real_success"],
+                  "learned_success": learned_success(scored[-1][1], world, checked, episodes, CHECK_FIRST)}
+        if final_world:
+            result["final_world_success"] = learned_success(scored[-1][1], final_world, checked, episodes, CHECK_FIRST)
+        return result
 
     # A tabletop check's starts moved past the scorings (a `--score-data` loop learns from those): older checks redo.
     key = {"episodes": episodes, "world": str(world), **({"first": CHECK_FIRST} if config.env == RT1_ENV else {}),
-           "agents": [[steps, str(agent), agent.stat().st_mtime_ns] for steps, agent in agents]}
+           "agents": [[steps, str(agent), agent.stat().st_mtime_ns] for steps, agent in agents],
+           **({"final_world": final_world} if final_world else {})}  # checks without one keep their keys
     return cached(path, key, check)
 
 
@@ -216,8 +223,9 @@ def arm_key(config: CoTrainConfig, arm: str, **extra) -> dict:
     else:
         # Where the loop runs, whether it learns from its real steps, how its refits weight their data and whether its
         # agent pretrains do not change the other arms. Whether scorings are data changes the real-env arms too.
-        loop_only = ("out", "real_updates", "win_share", "agent_share", "surprise_on", "pretrain_steps",
-                     "pretrain_checkpoint", *LATER_SETTINGS, *(() if arm.startswith("real") else ("score_data",)))
+        loop_only = ("out", "real_updates", "win_share", "agent_share", "final_dynamics_steps", "surprise_on",
+                     "pretrain_steps", "pretrain_checkpoint", *LATER_SETTINGS,
+                     *(() if arm.startswith("real") else ("score_data",)))
         key = {**{k: v for k, v in asdict(config).items() if k not in loop_only},
                "world": world_fingerprint(config), **away_from_default(config, LATER_SETTINGS)}
         if arm == "frozen" and config.pretrain_steps:  # its first point; curves without one keep their old keys
@@ -270,11 +278,12 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
 
 
 def loop_dir(directory: Path, arm: str, config: CoTrainConfig) -> Path:
-    """A loop arm's run directory, one per settings (all but its seed, its rounds, which may grow, and the directory
-    itself), so that loops with other sizes or refit settings neither resume nor block each other: ARM-SEED-DIGEST,
-    or the existing ARM-SEED[-DIGEST] that ran the same settings (an earlier version of this script, or one from
-    before a setting existed, whose digest differs)."""
-    settings = {k: v for k, v in asdict(config).items() if k not in ("out", "rounds", "seed")}
+    """A loop arm's run directory, one per settings (all but its seed, the directory itself, and what a run may be
+    resumed with other values of: its rounds, which may grow, and its final refit), so that loops with other sizes or
+    refit settings neither resume nor block each other: ARM-SEED-DIGEST, or the existing ARM-SEED[-DIGEST] that ran
+    the same settings (an earlier version of this script, or one from before a setting existed, whose digest
+    differs)."""
+    settings = {k: v for k, v in asdict(config).items() if k not in ("out", "seed", *RESUMABLE_CHANGES)}
     for older in [directory / f"{arm}-{config.seed}", *sorted(directory.glob(f"{arm}-{config.seed}-*"))]:
         if (older / "config.json").is_file():
             recorded = recorded_config(older)
@@ -326,6 +335,9 @@ def main() -> None:
                              "(`CoTrainConfig.uncertainty_penalty`)")
     parser.add_argument("--dynamics-steps", type=int, default=CoTrainConfig.dynamics_steps,
                         help="tabletop: steps of each state-dynamics refit (`CoTrainConfig.dynamics_steps`)")
+    parser.add_argument("--final-dynamics-steps", type=int, default=0,
+                        help="tabletop: steps of the loop's final state-dynamics refit after its last scoring, the "
+                             "simulator its final agent is also checked in (`CoTrainConfig.final_dynamics_steps`)")
     parser.add_argument("--agent-share", type=float, default=0.0,
                         help="tabletop: least share of the agent's transitions in each dynamics refit "
                              "(`CoTrainConfig.agent_share`)")
@@ -368,6 +380,7 @@ def main() -> None:
                                         "observation": args.observation, "agent_share": args.agent_share,
                                         "uncertainty_penalty": args.uncertainty_penalty,
                                         "dynamics_steps": args.dynamics_steps,
+                                        "final_dynamics_steps": args.final_dynamics_steps,
                                         "precision": args.precision,
                                         "real_updates": args.real_updates, "score_data": args.score_data}
             sim_steps = (args.text_sim_steps or args.sim_steps) if task == "text" else args.sim_steps
@@ -388,9 +401,10 @@ def main() -> None:
                 curves[name] = [json.loads(line) for line in (Path(config.out) / "rounds.jsonl").read_text().splitlines()]
                 if args.check_episodes:
                     out = Path(config.out)
+                    final_world = json.loads((out / "state.json").read_text()).get("final_world", "")
                     curves[f"{name} check"] = final_check(config, loop_agents(out, curves[name]), curves[name][-1]["world"],
                                                           out / f"check-{args.check_episodes}.json",
-                                                          args.check_episodes)
+                                                          args.check_episodes, final_world)
             directory = OUT / "sim_to_real" / task
             if "frozen" in args.arms:
                 curves["frozen"] = cached(OUT / "sim_to_real" / label / f"frozen-{seed}.json",
@@ -486,6 +500,10 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
                 gaps = [c["learned_success"] - c["real_success"] for c in checks]
                 row[f"final check on {checks[0]['episodes']} episodes: real success"] = f"{mean:.2f} ± {half:.2f}"
                 row["learned - real (per seed)"] = f"{np.mean(gaps):+.2f} ({', '.join(f'{g:+.2f}' for g in gaps)})"
+                if all("final_world_success" in c for c in checks):
+                    gaps = [c["final_world_success"] - c["real_success"] for c in checks]
+                    row["final refit's learned - real (per seed)"] = \
+                        f"{np.mean(gaps):+.2f} ({', '.join(f'{g:+.2f}' for g in gaps)})"
             if "real-1x" in arms:
                 target = interval([c["real-1x"][-1]["real_success"] for c in by_seed.values()])[0]
                 reached = [first_reaching(curves[arm], target) for curves in by_seed.values()]

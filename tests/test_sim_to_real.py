@@ -237,3 +237,5 @@ def test_the_agents_transitions_are_repeated_to_make_their_share_of_a_dynamics_r
     assert 300 * repeats / (300 * repeats + 10_000) >= 0.25 > 300 * (repeats - 1) / (300 * (repeats - 1) + 10_000)
     with pytest.raises(ValueError, match="--agent-share"):
         check_config(CoTrainConfig(task="close_drawer", agent_share=1.0))
+    with pytest.raises(ValueError, match="--final-dynamics-steps"):  # rt1-rlvr has no state dynamics
+        check_config(CoTrainConfig(task="close_drawer", final_dynamics_steps=10))

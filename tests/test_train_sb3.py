@@ -312,6 +312,16 @@ def test_a_loop_with_state_dynamics_refits_them_on_the_agents_transitions_and_ke
     on_state = cotrain.run_cotrain(replace(config, out=str(tmp_path / "state"), observation="state", real_updates=True))
     agent = PPO.load(tmp_path / "state" / "agent.zip", device="cpu")
     assert agent.observation_space.shape == (16,) and 0.0 <= on_state["real_success"] <= 1.0
+    # A final refit added to the finished run: a world the agent never trained in, made once.
+    final = replace(config, out=str(tmp_path / "state"), observation="state", real_updates=True, final_dynamics_steps=5)
+    cotrain.run_cotrain(final)
+    final_world = json.loads((tmp_path / "state" / "state.json").read_text())["final_world"]
+    refit = RobotWorldModel.load(final_world).state_dynamics.state_dict()
+    trained_in = RobotWorldModel.load(on_state["world"]).state_dynamics.state_dict()
+    assert any(not torch.equal(refit[k], trained_in[k]) for k in refit), "refit on the last scoring too"
+    made = (Path(final_world) / "state_dynamics").stat().st_mtime_ns
+    cotrain.run_cotrain(final)
+    assert (Path(final_world) / "state_dynamics").stat().st_mtime_ns == made, "resumed, nothing redone"
     before = RobotWorldModel.load(world).state_dynamics.state_dict()
     after = RobotWorldModel.load(record["world"]).state_dynamics.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "the dynamics were refit"
