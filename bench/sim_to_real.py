@@ -564,7 +564,10 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
                  "episodes (tabletop: held-out starts no scoring took; text: the games in the same seeded order, so 32 "
                  "plays each game once), and the final one in a simulator from the same starts: a loop's last refit, "
                  "the starting one for an agent trained in the real env."
-                 if args.check_episodes else ""),
+                 if args.check_episodes else "")
+              + (f" Final refit: the loop's last world with its state dynamics fit {args.final_dynamics_steps} steps "
+                 "further on every real episode of the agent, its last scoring too; the final agent never trained in "
+                 "it." if any("final refit's learned - real (per seed)" in row for row in rows) else ""),
               "", markdown_table(rows), "", *lines, "",
               "![curves](sim_to_real.png)", ""]
     (OUT / "sim_to_real.md").write_text("\n".join(report))
