@@ -908,8 +908,8 @@ def check_config(config: CoTrainConfig) -> None:
         raise ValueError(f"--surprise-on is state or outcome, got {config.surprise_on!r}")
     if config.final_dynamics_steps < 0:
         raise ValueError(f"--final-dynamics-steps must be >= 0, got {config.final_dynamics_steps}")
-    has_dynamics = config.env == RT1_ENV and (Path(resolve_world(config)) / "state_dynamics").is_dir()
-    if config.final_dynamics_steps and not has_dynamics:
+    if config.final_dynamics_steps and not (
+            config.env == RT1_ENV and (Path(resolve_world(config)) / "state_dynamics").is_dir()):
         raise ValueError("--final-dynamics-steps refits a tabletop world model's state dynamics: "
                          f"{config.world_checkpoint} has none (rt1-dynamics has them)")
     if not 0 <= config.agent_share < 1:
