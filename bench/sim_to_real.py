@@ -401,7 +401,7 @@ def main() -> None:
                 curves[name] = [json.loads(line) for line in (Path(config.out) / "rounds.jsonl").read_text().splitlines()]
                 if args.check_episodes:
                     out = Path(config.out)
-                    # A final refit of another length, made by an earlier run, is not this one's.
+                    # Without the flag, a final refit an earlier run made is not checked.
                     final_world = json.loads((out / "state.json").read_text()).get("final_world", "") \
                         if config.final_dynamics_steps else ""
                     curves[f"{name} check"] = final_check(config, loop_agents(out, curves[name]), curves[name][-1]["world"],
