@@ -26,6 +26,8 @@ taken):
   (d) score: the agent in the real env from held-out start states (tabletop) or a fixed set of the games (text),
       and in the learned env from the same starts. With `score_data` a scoring is data as well: the agent is also
       scored before round 0, and each scoring's episodes join the next round's (a) data.
+After the last round, with `final_dynamics_steps`, a final refit of the state dynamics on every real episode gives
+the simulator to judge the final agent in: one it never trained in.
 Every real step, for data or scoring, counts towards `real_steps_total`. Each phase writes its outputs before
 `state.json` records it finished, so a killed run resumes at the phase it was in with nothing lost. Scalars go to
 TensorBoard and `rounds.jsonl`; each phase has a progress bar.
@@ -431,7 +433,6 @@ def agent_episode(env, agent: BaseAlgorithm, seed: int, config: CoTrainConfig, r
 
 
 def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
-    from rlvr_gym.data.episodes import load_episodes
     from rlvr_gym.data.robot import (
         episode_codes,
         load_initial_states,
@@ -445,9 +446,7 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     from rlvr_gym.train.rt1_rlvr import RT1RLVRConfig, run_rt1_rlvr
 
     world = RobotWorldModel.load(state.world)
-    agent_data = rt1_agent_data(config, state, run_dir)
-    seen = [e for directory in agent_data for e in load_episodes(directory)]
-    replay = load_episodes(config.replay) if config.replay else []
+    agent_data, seen, replay = rt1_refit_data(config, state, run_dir)
     mixed = seen + replay
     examples = [ex for e in tqdm(mixed, desc=f"round {state.round}: refit (tokenise)", unit="episode", leave=False)
                 for ex in mle_examples(episode_codes(world.frame_tokenizer, e), e, world.settings.context_steps + 2)]
@@ -474,6 +473,16 @@ def refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> 
     rlvr_dir = run_rt1_rlvr(recipe)
     write_initial_states(rlvr_dir, starts)
     return recalibrate_rt1(rlvr_dir, config, seen, replay, out)
+
+
+def rt1_refit_data(config: CoTrainConfig, state: State, run_dir: Path) -> tuple[list[Path], list, list]:
+    """What a tabletop refit learns from: the agent's real episode directories (`rt1_agent_data`), their episodes
+    and the replay's."""
+    from rlvr_gym.data.episodes import load_episodes
+
+    agent_data = rt1_agent_data(config, state, run_dir)
+    seen = [e for directory in agent_data for e in load_episodes(directory)]
+    return agent_data, seen, load_episodes(config.replay) if config.replay else []
 
 
 def rt1_agent_data(config: CoTrainConfig, state: State, run_dir: Path) -> list[Path]:
@@ -503,15 +512,12 @@ def refit_dynamics(config: CoTrainConfig, state: State, out: Path, agent_data: l
 def final_refit_rt1(config: CoTrainConfig, state: State, out: Path, run_dir: Path) -> str:
     """`CoTrainConfig.final_dynamics_steps`: the last round's world with its state dynamics refit on every real
     episode so far (out/world_mle, resumable), its start states the agent's too."""
-    from rlvr_gym.data.episodes import load_episodes
     from rlvr_gym.data.robot import load_initial_states, with_episode_starts, write_initial_states
     from rlvr_gym.models.robot_world_model import RobotWorldModel
     from rlvr_gym.train.robot import save_with_initial_states
 
     world = RobotWorldModel.load(state.world)
-    agent_data = rt1_agent_data(config, state, run_dir)  # after the last round: every scoring and collect
-    seen = [e for directory in agent_data for e in load_episodes(directory)]
-    replay = load_episodes(config.replay) if config.replay else []
+    agent_data, seen, replay = rt1_refit_data(config, state, run_dir)  # after the last round: all of them
     final = replace(config, dynamics_steps=config.final_dynamics_steps)
     world.state_dynamics = refit_dynamics(final, state, out, agent_data, seen, replay)
     final_dir = save_with_initial_states(world, state.world, out / "world_mle")
