@@ -61,6 +61,7 @@ from agents.cotrain import (
     CoTrainConfig,
     learn_from_real,
     learned_success,
+    load_state,
     make_agent,
     new_agent,
     recorded_config,
@@ -402,8 +403,7 @@ def main() -> None:
                 if args.check_episodes:
                     out = Path(config.out)
                     # Without the flag, a final refit an earlier run made is not checked.
-                    final_world = json.loads((out / "state.json").read_text()).get("final_world", "") \
-                        if config.final_dynamics_steps else ""
+                    final_world = load_state(config, out).final_world if config.final_dynamics_steps else ""
                     curves[f"{name} check"] = final_check(config, loop_agents(out, curves[name]), curves[name][-1]["world"],
                                                           out / f"check-{args.check_episodes}.json",
                                                           args.check_episodes, final_world)
@@ -477,6 +477,12 @@ def comparison(by_seed: dict, arms: list[str]) -> str:
     return f"the loop ends at {loop:.2f} ± {loop_half:.2f} real success" + (" " + "; ".join(parts) if parts else "")
 
 
+def gaps_per_seed(checks: list[dict], learned: str) -> str:
+    """The final checks' learned (the `learned` entry) minus real success: their mean, then each seed's."""
+    gaps = [c[learned] - c["real_success"] for c in checks]
+    return f"{np.mean(gaps):+.2f} ({', '.join(f'{g:+.2f}' for g in gaps)})"
+
+
 def write_report(args: argparse.Namespace, runs: dict) -> None:
     arms = args.arms
     rows, lines = [], []
@@ -499,13 +505,10 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
                     row["real failures paid, replayed"] = f"{np.mean(failed):.2f}" if failed else "none failed"
             if checks:
                 mean, half = interval([c["real_success"] for c in checks])
-                gaps = [c["learned_success"] - c["real_success"] for c in checks]
                 row[f"final check on {checks[0]['episodes']} episodes: real success"] = f"{mean:.2f} ± {half:.2f}"
-                row["learned - real (per seed)"] = f"{np.mean(gaps):+.2f} ({', '.join(f'{g:+.2f}' for g in gaps)})"
+                row["learned - real (per seed)"] = gaps_per_seed(checks, "learned_success")
                 if all("final_world_success" in c for c in checks):
-                    gaps = [c["final_world_success"] - c["real_success"] for c in checks]
-                    row["final refit's learned - real (per seed)"] = \
-                        f"{np.mean(gaps):+.2f} ({', '.join(f'{g:+.2f}' for g in gaps)})"
+                    row["final refit's learned - real (per seed)"] = gaps_per_seed(checks, "final_world_success")
             if "real-1x" in arms:
                 target = interval([c["real-1x"][-1]["real_success"] for c in by_seed.values()])[0]
                 reached = [first_reaching(curves[arm], target) for curves in by_seed.values()]
