@@ -35,10 +35,12 @@ SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
 TEXTWORLD_FILE = "transitions.jsonl.gz"
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on the texts, with <pad>, <s> (bos) and </s> (eos); any text encodes, none is unknown."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
+                    pre_tokenizer: pre_tokenizers.PreTokenizer | None = None) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on the texts, with <pad>, <s> (bos) and </s> (eos); any text encodes, none is unknown.
+    `pre_tokenizer` replaces GPT-2's byte-level split (it must end in a byte-level step)."""
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.pre_tokenizer = pre_tokenizer or pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

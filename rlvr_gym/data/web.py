@@ -32,12 +32,12 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from envs.web import TASKS
 from envs.web.tree import normalise_tree
-from rlvr_gym.data.textgame import SPECIAL_TOKENS, length_stats
+from rlvr_gym.data.textgame import length_stats, train_tokenizer
 from rlvr_gym.domains.web import format_prompt, format_target, make_diff
 from rlvr_gym.files import atomic_write_text
 
@@ -179,25 +179,11 @@ TREE_PRETOKENS = (
 
 
 def train_web_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on the texts, with tree ids and state properties as pre-tokens, and <pad>, <s> (bos),
-    </s> (eos); any text encodes, none is unknown."""
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.Sequence([
+    """`train_tokenizer` with tree ids and state properties as pre-tokens."""
+    return train_tokenizer(texts, vocab_size, pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(TREE_PRETOKENS), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])  # fmt: skip
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    core.train_from_iterator(texts, trainer)
-    pad, bos, eos = SPECIAL_TOKENS
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token=pad, bos_token=bos, eos_token=eos, clean_up_tokenization_spaces=False
-    )
+    ]))  # fmt: skip
 
 
 def transition_texts(records: Sequence[dict]) -> Iterator[str]:
