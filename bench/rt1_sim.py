@@ -2,8 +2,8 @@
 
     python -m bench.rt1_sim --checkpoint rt1-rlvr        # writes runs/bench/rt1_sim.{md,json}
 
-Compares 64 sub-envs stepped together with 64 steps of one env (greedy, one CPU thread; `--device cuda` puts the
-world model on a GPU), and both with a bound: the model FLOPs of an env step (prefill of the context window,
+Compares 64 sub-envs stepped together with 64 steps of one env (greedy, one CPU thread, or `--threads N` for both;
+`--device cuda` puts the world model on a GPU), and both with a bound: the model FLOPs of an env step (prefill of the context window,
 decoding of a frame and its flag, the frame networks) at the measured matrix-multiply rate of the core (or GPU) in
 the precision's type, plus the KV cache that attention reads at every decoded token at the measured copy bandwidth.
 Each `--precisions` entry (float32, bfloat16: the env's `precision`) is timed, and what it costs in fidelity is
@@ -155,8 +155,8 @@ def fidelity(checkpoint: str, precision: str, episodes: int, success_data: str, 
 
 def main(out_dir: str = "runs/bench", checkpoint: str = "rt1-rlvr", num_envs: int = 64, steps: int = 3,
          device: str = "cpu", precisions: tuple[str, ...] = ("float32", "bfloat16"), fidelity_episodes: int = 20,
-         success_data: str = "runs/rt1/heldout2") -> dict:
-    torch.set_num_threads(1)
+         success_data: str = "runs/rt1/heldout2", threads: int = 1) -> dict:
+    torch.set_num_threads(threads)
     if fidelity_episodes and not Path(success_data).exists():
         collect(CollectConfig(out=success_data, episodes=60, seed=2, split="heldout"))
     runs = []
@@ -174,7 +174,7 @@ def main(out_dir: str = "runs/bench", checkpoint: str = "rt1-rlvr", num_envs: in
                                  "flops_per_env_step", "kv_bytes_per_env_step", "bound_env_steps_per_s",
                                  "batched_fraction_of_bound", "speedup_ceiling")},
         "best_batched_over_first_sequential": best["batched_env_steps_per_s"] / first["sequential_env_steps_per_s"],
-        "load_average": os.getloadavg()[0],
+        "load_average": os.getloadavg()[0], "threads": threads,
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -187,19 +187,20 @@ def main(out_dir: str = "runs/bench", checkpoint: str = "rt1-rlvr", num_envs: in
                   "env steps/s": r["sequential_env_steps_per_s"]},
                  {"precision": r["precision"], "mode": "bound: FLOPs at the matmul rate + KV reads at the copy rate",
                   "env steps/s": r["bound_env_steps_per_s"]}]
-    text = (f"# RLVRWorld-RT1-v0 speed\n\nCheckpoint `{checkpoint}` on {first['device']}, greedy, one CPU thread, the "
+    text = (f"# RLVRWorld-RT1-v0 speed\n\nCheckpoint `{checkpoint}` on {first['device']}, greedy, "
+            f"{'one CPU thread' if threads == 1 else f'{threads} CPU threads'} for both modes, the "
             f"fastest of 3 runs each, load average {result['load_average']:.1f}.\n\n"
             + markdown_table(rows, digits=1) + "\n\n")
+    processor = "the GPU" if first["device"] != "cpu" else "one core" if threads == 1 else f"{threads} cores"
     for r in runs:
         text += (f"{r['precision']}: batched / sequential **{r['speedup']:.1f}x** (target >= 10x); the bound over "
                  f"the sequential rate, the most batching could give here: {r['speedup_ceiling']:.1f}x. Batched runs "
                  f"at {r['batched_fraction_of_bound'] * 100:.0f}% of the bound: an env step costs "
                  f"{r['flops_per_env_step'] / 1e9:.2f} GFLOP (prefill of the {r['prompt_tokens']}-token window, "
                  f"{r['decoded_tokens']} decoded tokens, the frame networks) and "
-                 f"{r['kv_bytes_per_env_step'] / 1e6:.0f} MB of KV cache read by attention, and this "
-                 f"{'core' if first['device'] == 'cpu' else 'GPU'} multiplies "
-                 f"{r['precision']} matrices at {r['matmul_gflops']:.0f} GFLOP/s and copies memory at "
-                 f"{r['copy_gbps']:.0f} GB/s.\n\n")
+                 f"{r['kv_bytes_per_env_step'] / 1e6:.0f} MB of KV cache read by attention; {processor} measured "
+                 f"{r['matmul_gflops']:.0f} GFLOP/s on {r['precision']} matrix products and {r['copy_gbps']:.0f} GB/s "
+                 "on memory copies.\n\n")
     if len(runs) > 1:
         text += (f"The fastest batched env ({best['precision']}) against the {first['precision']} single env: "
                  f"**{result['best_batched_over_first_sequential']:.1f}x**.\n\n")
@@ -229,8 +230,11 @@ if __name__ == "__main__":
     parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"], choices=PRECISIONS)
     parser.add_argument("--fidelity-episodes", type=int, default=20,
                         help="fresh real episodes for `eval rt1` per precision (0: timings only)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads for both modes and the bound's rates (the batched env gains from more; the "
+                             "single env, bound by per-token overhead, hardly)")
     parser.add_argument("--success-data", default="runs/rt1/heldout2",
                         help="real episodes replayed for the success calls (collected there if missing)")
     args = parser.parse_args()
     main(args.out_dir, args.checkpoint, args.num_envs, device=args.device, precisions=tuple(args.precisions),
-         fidelity_episodes=args.fidelity_episodes, success_data=args.success_data)
+         fidelity_episodes=args.fidelity_episodes, success_data=args.success_data, threads=args.threads)
