@@ -351,8 +351,14 @@ def learned_success(agent: BaseAlgorithm, world: str, config: CoTrainConfig, epi
     """The agent's success rate inside the learned simulator of `world`, from the starts it is scored from in the
     real env (tabletop: the held-out starts from the `first`-th on, as `score_rt1` takes them)."""
     if config.env == RT1_ENV:
-        return learned_success_rt1(agent, world, config, episodes, first)
-    return learned_success_text(agent, world, config, episodes)
+        from agents.robot import evaluate_in_learned
+
+        return evaluate_in_learned(agent, world, episodes, config.task, config.steps_per_episode, first=first,
+                                   precision=config.precision, observation=config.observation,
+                                   num_envs=config.num_envs, seed=config.seed)
+    from agents.textgame import evaluate_in_learned
+
+    return evaluate_in_learned(agent, world, episodes, config.seed, config.steps_per_episode, config.num_envs)
 
 
 # ---------------------------------------------------------------------------------------------------- RT-1
@@ -596,24 +602,6 @@ def scoring_first(config: CoTrainConfig, state: State) -> int:
     return len(state.history) * config.eval_episodes if config.score_data else 0
 
 
-def learned_success_rt1(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int, first: int) -> float:
-    """From the real first frames and true states of the held-out starts `first`.. the real scoring uses."""
-    from agents.robot import real_start_states
-    from rlvr_gym.data.robot import real_initial_states
-    from rlvr_gym.evaluation.policies import Job, learned_rollouts, sb3_actor
-    from rlvr_gym.sim.robot import RT1WorldVectorEnv
-
-    venv = RT1WorldVectorEnv(num_envs=min(episodes, config.num_envs), checkpoint=world, horizon=config.steps_per_episode,
-                             task=config.task, autoreset_mode=AutoresetMode.DISABLED, precision=config.precision,
-                             observation=config.observation)
-    rows = venv.sim.add_starts(real_initial_states(real_start_states(episodes, config.task, first=first)))
-    actor = sb3_actor(agent)
-    jobs = [Job(int(row), actor=actor) for row in rows]
-    results = learned_rollouts(venv, jobs, config.seed)
-    venv.close()
-    return float(np.mean([success for success, _, _ in results]))
-
-
 # ---------------------------------------------------------------------------------------------------- text game
 
 
@@ -850,31 +838,6 @@ def with_start_states(model_dir: Path, world: str) -> Path:
         if (Path(world) / name).is_file():
             shutil.copy2(Path(world) / name, Path(model_dir) / name)
     return Path(model_dir)
-
-
-def learned_success_text(agent: BaseAlgorithm, world: str, config: CoTrainConfig, episodes: int) -> float:
-    """From the games `agents.textgame.evaluate_in_real` scores the agent on, in the same order."""
-    from agents.textgame import scored_games
-    from rlvr_gym.sim.textgame import TextGameDiscreteVectorEnv, load_start_states
-
-    games = [index for index, _ in scored_games(len(load_start_states(world)), episodes, config.seed)]
-    width = min(episodes, config.num_envs)
-    venv = TextGameDiscreteVectorEnv(width, world, max_steps=config.steps_per_episode,
-                                     max_candidates=int(agent.action_space.n),
-                                     obs_dim=int(agent.observation_space.shape[0]))
-    wins = []
-    for first in range(0, episodes, width):
-        chunk = games[first : first + width]
-        obs, _ = venv.reset(seed=config.seed, options={"index": chunk + [chunk[0]] * (width - len(chunk))})
-        won = np.zeros(width, dtype=bool)
-        ended = np.zeros(width, dtype=bool)
-        while not ended[: len(chunk)].all():
-            obs, _, terminated, truncated, infos = venv.step(np.asarray(agent.predict(obs, deterministic=True)[0]))
-            won |= ~ended & infos["is_success"]
-            ended |= terminated | truncated
-        wins += won[: len(chunk)].tolist()
-    venv.close()
-    return float(np.mean(wins))
 
 
 # ---------------------------------------------------------------------------------------------------- the loop

@@ -21,19 +21,21 @@ import os
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector import AutoresetMode
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper, VecMonitor
 
 from envs.robot import TASKS, RealRT1Env
 from envs.robot.tasks import task_from_instruction
 from rlvr_gym.data.episodes import SEEDS_PER_RUN, info_state
-from rlvr_gym.data.robot import load_initial_states
-from rlvr_gym.evaluation.policies import policy_frames, real_rollout, sb3_real_actor
+from rlvr_gym.data.robot import load_initial_states, real_initial_states
+from rlvr_gym.evaluation.policies import Job, learned_rollouts, policy_frames, real_rollout, sb3_actor, sb3_real_actor
 from rlvr_gym.models.robot_world_model import RobotWorldModel
 from rlvr_gym.models.state_dynamics import dynamics_reach_distance, dynamics_success_probability
 from rlvr_gym.sim.robot import (
     DEFAULT_CHECKPOINT,
     DEFAULT_HORIZON,
+    RT1WorldVectorEnv,
     check_observation,
     state_observation,
     state_observation_space,
@@ -234,3 +236,21 @@ def evaluate_in_real(model: BaseAlgorithm, episodes: int = 16, task: str | None 
     successes = np.array([o.success for o in outcomes], dtype=float)
     return {"success_rate": float(successes.mean()), "mean_return": float(successes.mean()),
             "mean_length": float(np.mean([o.steps for o in outcomes])), "episodes": episodes}
+
+
+def evaluate_in_learned(model: BaseAlgorithm, checkpoint: str | os.PathLike, episodes: int = 16, task: str | None = None,
+                        horizon: int = DEFAULT_HORIZON, run: int = EVAL_SEED_RUN, first: int = 0, *,
+                        precision: str = "float32", observation: str = "frame", num_envs: int = 16,
+                        seed: int = 0) -> float:
+    """`evaluate_in_real`'s held-out starts in the learned simulator of `checkpoint`, from each start's real first
+    frame and true state, the model acting as it does there: the share of episodes the simulator pays a success.
+    Beside the real score, it says how far the simulator is from the real env on this agent's own play."""
+    venv = RT1WorldVectorEnv(num_envs=min(episodes, num_envs), checkpoint=checkpoint, horizon=horizon, task=task,
+                             autoreset_mode=AutoresetMode.DISABLED, precision=precision, observation=observation)
+    try:
+        rows = venv.sim.add_starts(real_initial_states(real_start_states(episodes, task, run, first)))
+        actor = sb3_actor(model)
+        results = learned_rollouts(venv, [Job(int(row), actor=actor) for row in rows], seed)
+    finally:
+        venv.close()
+    return float(np.mean([success for success, _, _ in results]))

@@ -30,6 +30,7 @@ from rlvr_gym.sim.textgame import (
     DEFAULT_OBS_DIM,
     SLOT_FEATURES,
     TextGameDiscreteEnv,
+    TextGameDiscreteVectorEnv,
     TextGameWorldEnv,
     candidate_commands,
     command_for,
@@ -233,3 +234,28 @@ def evaluate_in_real(
         env.close()
     return {"success_rate": float(np.mean(wins)), "mean_return": float(np.mean(returns)),
             "mean_length": float(np.mean(lengths)), "episodes": episodes}
+
+
+def evaluate_in_learned(model: Any, checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT, episodes: int = 16,
+                        seed: int = 0, max_steps: int = DEFAULT_MAX_STEPS, num_envs: int = 16) -> float:
+    """`evaluate_in_real`'s games, in the same order, in the learned simulator of `checkpoint`, the SB3 model acting
+    greedily: the share of them it wins there."""
+    games = [index for index, _ in scored_games(len(load_start_states(checkpoint)), episodes, seed)]
+    width = min(episodes, num_envs)
+    venv = TextGameDiscreteVectorEnv(width, checkpoint, max_steps=max_steps, max_candidates=int(model.action_space.n),
+                                     obs_dim=int(model.observation_space.shape[0]))
+    wins = []
+    try:
+        for first in range(0, episodes, width):
+            chunk = games[first : first + width]
+            obs, _ = venv.reset(seed=seed, options={"index": chunk + [chunk[0]] * (width - len(chunk))})
+            won = np.zeros(width, dtype=bool)
+            ended = np.zeros(width, dtype=bool)
+            while not ended[: len(chunk)].all():
+                obs, _, terminated, truncated, infos = venv.step(np.asarray(model.predict(obs, deterministic=True)[0]))
+                won |= ~ended & infos["is_success"]
+                ended |= terminated | truncated
+            wins += won[: len(chunk)].tolist()
+    finally:
+        venv.close()
+    return float(np.mean(wins))

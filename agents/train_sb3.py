@@ -52,6 +52,10 @@ class Args:
     """Score the agent in the real env every this many steps (and at the end)."""
     eval_episodes: int = 16
     """Real episodes per evaluation."""
+    eval_learned: bool = False
+    """At each evaluation also score the agent in the simulator it trains in, from the same starts (RT-1: the held-out
+    starts' real first frames and true states; text: the same games): `learned/success_rate` beside
+    `real/success_rate`, how far the simulator is from the real env on this agent's own play."""
     save_every: int = 0
     """Save an SB3 checkpoint every this many steps (0: as often as --eval-every)."""
     out: str = ""
@@ -94,8 +98,8 @@ class Args:
 
 
 class RealEvalCallback(BaseCallback):
-    """Every `every` steps, and once at the end, score the model with `evaluate` and log `real/*` (TensorBoard, CSV,
-    eval.jsonl). Keeps the time spent evaluating, so steps/s can leave it out."""
+    """Every `every` steps, and once at the end, score the model with `evaluate` and log `real/*` (`learned/*` for its
+    `learned_*` keys; TensorBoard, CSV, eval.jsonl). Keeps the time spent evaluating, so steps/s can leave it out."""
 
     def __init__(self, evaluate: Callable[[BaseAlgorithm], dict], every: int, path: Path):
         super().__init__()
@@ -121,7 +125,8 @@ class RealEvalCallback(BaseCallback):
         self.results.append(result)
         for key, value in result.items():
             if key != "step":
-                self.logger.record(f"real/{key}", value)
+                learned = key.startswith("learned_")
+                self.logger.record(f"learned/{key.removeprefix('learned_')}" if learned else f"real/{key}", value)
         self.logger.dump(self.num_timesteps)
         with self.path.open("a") as f:
             f.write(json.dumps(result) + "\n")
@@ -141,16 +146,20 @@ def make_model(args: Args, env) -> BaseAlgorithm:
 
 
 def build(args: Args) -> tuple[object, Callable[[BaseAlgorithm], dict]]:
-    """The training env and the real-env evaluation for `args.env`."""
+    """The training env and the evaluation for `args.env`: real, and with `eval_learned` learned success too."""
     if args.env == RT1_ENV:
-        from agents.robot import DEFAULT_CHECKPOINT, check_held_out, evaluate_in_real, make_sim_env, real_start_states
+        from agents import robot
 
-        checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
-        check_held_out(checkpoint, real_start_states(args.eval_episodes, args.task, first=args.eval_first))
-        env = make_sim_env(checkpoint, args.num_envs, args.task, args.horizon, args.frame_size, args.temperature,
-                           args.shaping, args.precision, reach=args.reach, observation=args.observation)
-        return env, lambda model: evaluate_in_real(model, args.eval_episodes, args.task, args.horizon,
-                                                   first=args.eval_first)
+        checkpoint = args.checkpoint or robot.DEFAULT_CHECKPOINT
+        robot.check_held_out(checkpoint, robot.real_start_states(args.eval_episodes, args.task, first=args.eval_first))
+        env = robot.make_sim_env(checkpoint, args.num_envs, args.task, args.horizon, args.frame_size, args.temperature,
+                                 args.shaping, args.precision, reach=args.reach, observation=args.observation)
+        real = lambda model: robot.evaluate_in_real(model, args.eval_episodes, args.task, args.horizon,  # noqa: E731
+                                                    first=args.eval_first)
+        learned = lambda model: robot.evaluate_in_learned(  # noqa: E731
+            model, checkpoint, args.eval_episodes, args.task, args.horizon, first=args.eval_first,
+            precision=args.precision, observation=args.observation, num_envs=args.num_envs, seed=args.seed)
+        return env, both(real, learned) if args.eval_learned else real
     if args.shaping or args.reach or args.eval_first or args.precision != "float32" or args.observation != "frame":
         raise ValueError("--shaping, --reach, --eval-first, --precision and --observation are the tabletop's "
                          "(RLVRWorld-RT1-v0)")
@@ -158,7 +167,15 @@ def build(args: Args) -> tuple[object, Callable[[BaseAlgorithm], dict]]:
 
     checkpoint = args.checkpoint or textgame.DEFAULT_CHECKPOINT
     env = textgame.make_sim_env(checkpoint, args.seed)
-    return env, lambda model: textgame.evaluate_in_real(model, checkpoint, args.eval_episodes, args.seed)
+    real = lambda model: textgame.evaluate_in_real(model, checkpoint, args.eval_episodes, args.seed)  # noqa: E731
+    learned = lambda model: textgame.evaluate_in_learned(model, checkpoint, args.eval_episodes, args.seed)  # noqa: E731
+    return env, both(real, learned) if args.eval_learned else real
+
+
+def both(real: Callable[[BaseAlgorithm], dict], learned: Callable[[BaseAlgorithm], float]
+         ) -> Callable[[BaseAlgorithm], dict]:
+    """The real scoring's result with the learned success rate beside it."""
+    return lambda model: {**real(model), "learned_success_rate": learned(model)}
 
 
 def train(args: Args) -> dict:

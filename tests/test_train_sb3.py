@@ -10,10 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from stable_baselines3 import PPO
+from stable_baselines3 import PPO, SAC
 from test_sim_textgame import game_dir, garbage_checkpoint, start_file  # noqa: F401  (a tiny learned text game)
 
-from agents.robot import EVAL_SEED_RUN, check_held_out, evaluate_in_real, make_sim_env, real_start_states
+from agents.robot import (
+    EVAL_SEED_RUN,
+    check_held_out,
+    evaluate_in_learned,
+    evaluate_in_real,
+    make_sim_env,
+    real_start_states,
+)
 from agents.train_sb3 import Args, build, train
 from envs.robot import TASKS, RealRT1Env
 from rlvr_gym.data.episodes import SEEDS_PER_RUN, CollectConfig, collect, load_episodes
@@ -59,12 +66,18 @@ def test_ppo_trains_in_the_learned_sim_and_is_scored_in_the_real_env(tiny_world,
     assert again == {k: v for k, v in evals[-1].items() if k != "step"}
 
 
-def test_sac_trains_in_the_learned_sim(tiny_world, tmp_path):
-    result = train(Args(algo="sac", steps=64, checkpoint=tiny_world, eval_every=64, eval_episodes=1, num_envs=4,
-                        horizon=6, batch_size=16, buffer_size=500, frame_size=16, out=str(tmp_path)))
-    assert result["steps"] == 64 and result["real"]["episodes"] == 1
+def test_sac_trains_in_the_learned_sim_and_is_scored_in_it_beside_the_real_env(tiny_world, tmp_path):
+    result = train(Args(algo="sac", steps=64, checkpoint=tiny_world, eval_every=64, eval_episodes=3, num_envs=4,
+                        horizon=6, batch_size=16, buffer_size=500, frame_size=16, eval_learned=True, out=str(tmp_path)))
+    assert result["steps"] == 64 and result["real"]["episodes"] == 3
     with (tmp_path / "progress.csv").open() as f:
-        assert any(row.get("train/actor_loss") for row in csv.DictReader(f)), "SAC took gradient steps"
+        rows = list(csv.DictReader(f))
+    assert any(row.get("train/actor_loss") for row in rows), "SAC took gradient steps"
+    assert rows[-1]["learned/success_rate"] != "" and rows[-1]["real/success_rate"] != ""
+    # The saved agent scored again in the simulator, from the same held-out starts' real first frames: same result.
+    model = SAC.load(tmp_path / "model.zip", device="cpu")
+    again = evaluate_in_learned(model, tiny_world, episodes=3, horizon=6, num_envs=4)
+    assert result["real"]["learned_success_rate"] == again
 
 
 def test_sim_env_gives_downsampled_frames_and_episode_stats(tiny_world):
@@ -245,8 +258,9 @@ def test_algorithm_must_fit_the_env(env, algo, tmp_path):
 
 def test_dqn_trains_in_the_learned_text_game_and_is_scored_in_real_textworld(garbage_checkpoint, tmp_path):
     result = train(Args(env="RLVRWorld-TextGame-v0", algo="dqn", steps=24, checkpoint=str(garbage_checkpoint), eval_every=24,
-                        eval_episodes=1, batch_size=8, buffer_size=100, out=str(tmp_path)))
+                        eval_episodes=1, batch_size=8, buffer_size=100, eval_learned=True, out=str(tmp_path)))
     assert result["steps"] == 24 and result["real"]["episodes"] == 1 and 0.0 <= result["real"]["success_rate"] <= 1.0
+    assert result["real"]["learned_success_rate"] in (0.0, 1.0), "one game, won or not in the learned simulator"
     assert (tmp_path / "checkpoints" / "dqn_24_steps.zip").is_file()
 
 
