@@ -9,7 +9,6 @@ import tyro
 from rlvr_gym.quickstart import (
     QuickstartConfig,
     Section,
-    last_csv_value,
     last_json_line,
     ppo_command,
     run_quickstart,
@@ -23,12 +22,14 @@ from rlvr_gym.train.sft import SFTConfig
 def test_the_ppo_command_is_one_the_agent_trainer_accepts(tmp_path):
     from agents.train_sb3 import Args
 
-    config = QuickstartConfig(ppo_steps=640, ppo_envs=8, ppo_task="close_drawer", ppo_checkpoint="rt1-mle", ppo_eval_episodes=3)
+    config = QuickstartConfig(ppo_steps=640, ppo_eval_every=320, ppo_envs=8, ppo_task="open_drawer",
+                              ppo_checkpoint="rt1-mle", ppo_shaping=0.1, ppo_eval_first=100, ppo_eval_episodes=3)
     command = ppo_command(config, tmp_path / "ppo")
     assert command[1:3] == ["-m", "agents.train_sb3"]
     args = tyro.cli(Args, args=command[3:])
-    assert (args.algo, args.steps, args.num_envs, args.task, args.checkpoint) == ("ppo", 640, 8, "close_drawer", "rt1-mle")
-    assert (args.eval_every, args.eval_episodes, args.out) == (640, 3, str(tmp_path / "ppo"))
+    assert (args.algo, args.steps, args.num_envs, args.task, args.checkpoint) == ("ppo", 640, 8, "open_drawer", "rt1-mle")
+    assert (args.shaping, args.eval_every, args.eval_episodes, args.eval_first, args.eval_learned, args.out) == (
+        0.1, 320, 3, 100, True, str(tmp_path / "ppo"))
 
 
 def test_the_result_line_is_read_after_other_output():
@@ -36,14 +37,6 @@ def test_the_result_line_is_read_after_other_output():
         "steps": 64, "real": {"success_rate": 0.5}}
     with pytest.raises(ValueError, match="printed nothing"):
         last_json_line("\n  \n")
-
-
-def test_the_last_logged_value_skips_rows_without_it(tmp_path):
-    path = tmp_path / "progress.csv"
-    path.write_text("rollout/ep_rew_mean,train/loss\n0.25,1.0\n,0.5\n0.5,\n,0.1\n")
-    assert last_csv_value(path, "rollout/ep_rew_mean") == 0.5
-    assert last_csv_value(path, "train/loss") == 0.1
-    assert math.isnan(last_csv_value(path, "rollout/ep_len_mean"))
 
 
 def test_the_summary_lists_every_section_with_its_time():
@@ -61,7 +54,7 @@ def test_the_quickstart_writes_its_report_and_runs_again_in_the_same_place(tmp_p
         demo=DemoConfig(train_examples=200, eval_examples=20, sft=SFTConfig(steps=4, lr=3e-3, batch_size=16),
                         grpo=GRPOConfig(steps=2, lr=3e-4, prompts_per_step=4, group_size=4, max_new_tokens=10, beta=0.0)),
         rt1_episodes=2, rlvr_episodes=2, rlvr=GRPOConfig(steps=2, lr=3e-5, prompts_per_step=2, group_size=4, beta=0.0),
-        ppo_steps=64, ppo_envs=4, ppo_eval_episodes=1, policy_episodes=1, policy_skills=(1.0, 0.0),
+        ppo_steps=128, ppo_eval_every=64, ppo_envs=4, ppo_eval_episodes=1, policy_episodes=1, policy_skills=(1.0, 0.0),
     )
     for _ in range(2):  # a second run replaces the first instead of refusing to overwrite its trainers' runs
         report = run_quickstart(config)
@@ -82,6 +75,9 @@ def test_the_quickstart_writes_its_report_and_runs_again_in_the_same_place(tmp_p
     assert episode["sim_steps"] is None or episode["sim_steps"] <= episode["real_steps"]
     assert episode["sim_reward"] in (0.0, 1.0), "the simulator pays 1 on the step it calls success, which ends it"
     assert not episode["sim_reward"] or episode["sim_steps"] is not None
+    ppo = summary["sections"]["4. PPO inside the learned simulator"]
+    assert ppo["steps"] == 128 and ppo["real_success"] in (0.0, 1.0) and ppo["learned_success"] in (0.0, 1.0)
+    assert len((out / "ppo" / "eval.jsonl").read_text().splitlines()) == 2 and "success in the simulator" in text
     policies = summary["sections"]["5. Policy evaluation: learned vs real"]
     assert set(policies) >= {"rt1-rlvr", "rt1-mle", "seconds"}
     assert all(-1.0 <= policies[m]["pearson"] <= 1.0 and 0.0 <= policies[m]["mmrv"] <= 1.0 for m in ("rt1-rlvr", "rt1-mle"))
