@@ -243,7 +243,7 @@ def evaluate_in_learned(model: BaseAlgorithm, checkpoint: str | os.PathLike, epi
                         precision: str = "float32", observation: str = "frame", num_envs: int = 16,
                         seed: int = 0) -> float:
     """`evaluate_in_real`'s held-out starts in the learned simulator of `checkpoint`, from each start's real first
-    frame and true state, the model acting as it does there: the share of episodes the simulator pays a success.
+    frame and true state, the model acting greedily: the share of episodes the simulator pays a success.
     Beside the real score, it says how far the simulator is from the real env on this agent's own play."""
     venv = RT1WorldVectorEnv(num_envs=min(episodes, num_envs), checkpoint=checkpoint, horizon=horizon, task=task,
                              autoreset_mode=AutoresetMode.DISABLED, precision=precision, observation=observation)

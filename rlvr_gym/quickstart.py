@@ -262,12 +262,13 @@ def ppo_section(config: QuickstartConfig, out: Path) -> Section:
         f"Every {config.ppo_eval_every} steps it is scored greedily from {real['episodes']} held-out start states past "
         f"those {config.ppo_checkpoint} learned from, in the real MuJoCo tabletop and in the simulator (from each "
         "start's real first frame):\n\n"
-        + markdown_table(rows)
-        + f"\n\n{config.ppo_checkpoint} is rt1-dynamics after the co-training loop (`rlvr-gym train agent`) refit it "
-        "on close_drawer agents' real episodes: an agent trained in it works in the real env, and the simulator pays "
-        "it about what the real env does. Inside rt1-dynamics, the same simulator before the refits, PPO agents "
-        "trained on this task were paid up to 49 points more success than the real env gave them (README, Results). "
-        "The agent is the last rung of the policy-evaluation ladder below. TensorBoard logs and progress.csv are in "
+        + markdown_table(rows) + "\n\n"
+        + ("rt1-cotrained is rt1-dynamics after the co-training loop (`rlvr-gym train agent`) refit it on close_drawer "
+           "agents' real episodes: an agent trained in it works in the real env, and the simulator pays it about what "
+           "the real env does. Inside rt1-dynamics, the same simulator before the refits, PPO agents trained on this "
+           "task were paid up to 49 points more success than the real env gave them (README, Results). "
+           if config.ppo_checkpoint == "rt1-cotrained" else "")
+        + "The agent is the last rung of the policy-evaluation ladder below. TensorBoard logs and progress.csv are in "
         "`ppo/`.\n"
     )
     headline = (f"{result['steps']} steps inside {config.ppo_checkpoint}: real success {real['success_rate']:.2f}, "
