@@ -266,7 +266,7 @@ def ppo_section(config: QuickstartConfig, out: Path) -> Section:
         + ("rt1-cotrained is rt1-dynamics after the co-training loop (`rlvr-gym train agent`) refit it on close_drawer "
            "agents' real episodes: an agent trained in it works in the real env, and the simulator pays it about what "
            "the real env does. Inside rt1-dynamics, the same simulator before the refits, PPO agents trained on this "
-           "task were paid up to 49 points more success than the real env gave them (README, Results). "
+           "task were paid 12 to 31 points more success than the real env gave them (README, Results). "
            if config.ppo_checkpoint == "rt1-cotrained" else "")
         + "The agent is the last rung of the policy-evaluation ladder below. TensorBoard logs and progress.csv are in "
         "`ppo/`.\n"
