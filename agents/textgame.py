@@ -1,7 +1,7 @@
 """Agents for the text game: the learned simulator they train in, and the real TextWorld game they are scored in.
 
     env = make_sim_env("textgame-rlvr", seed=0)           # Discrete commands, Box observation, learned dynamics
-    model = stable_baselines3.DQN("MlpPolicy", env).learn(5_000)
+    model = stable_baselines3.DQN(SlotDQNPolicy, env).learn(5_000)       # or PPO(SlotActorCriticPolicy, env)
     evaluate_in_real(model, "textgame-rlvr", episodes=16, seed=0)   # the same start states, real TextWorld
 
 Both envs index commands and encode observations the same way (`rlvr_gym.sim.textgame`), so a policy trained in
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
+from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.dqn.policies import DQNPolicy, QNetwork
 from torch import nn
 
@@ -143,6 +145,19 @@ class RealTextWorldDiscreteEnv(gym.Env):
         }
 
 
+def bag_size(features_dim: int, slots: int) -> int:
+    """The length of the hashed state at the head of an observation (`encode_observation`) with `slots` action slots."""
+    bag = features_dim - slots * SLOT_FEATURES - 1
+    if bag < 1:
+        raise ValueError(f"an observation of {features_dim} values has no room for {slots} slots of {SLOT_FEATURES}")
+    return bag
+
+
+def state_features(x: torch.Tensor, bag: int) -> torch.Tensor:
+    """The observations' state without their action slots: the hashed state and the step fraction."""
+    return torch.cat([x[:, :bag], x[:, -1:]], dim=1)
+
+
 class SlotScorer(nn.Module):
     """Q-values of the text games' discrete actions from the observation (`encode_observation`): one network scores
     every action slot from the state's embedding and that slot's command features, so what it learns about "take
@@ -152,15 +167,13 @@ class SlotScorer(nn.Module):
     def __init__(self, features_dim: int, slots: int, width: int, activation_fn: type[nn.Module] = nn.ReLU):
         super().__init__()
         self.slots = slots
-        self.bag = features_dim - slots * SLOT_FEATURES - 1
-        if self.bag < 1:
-            raise ValueError(f"an observation of {features_dim} values has no room for {slots} slots of {SLOT_FEATURES}")
+        self.bag = bag_size(features_dim, slots)
         self.state = nn.Sequential(nn.Linear(self.bag + 1, width), activation_fn())
         self.score = nn.Sequential(nn.Linear(width + SLOT_FEATURES, width), activation_fn(), nn.Linear(width, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         slots = x[:, self.bag : -1].reshape(len(x), self.slots, SLOT_FEATURES)
-        state = self.state(torch.cat([x[:, : self.bag], x[:, -1:]], dim=1))
+        state = self.state(state_features(x, self.bag))
         return self.score(torch.cat([state[:, None].expand(-1, self.slots, -1), slots], dim=-1)).squeeze(-1)
 
 
@@ -178,6 +191,49 @@ class SlotDQNPolicy(DQNPolicy):
     def make_q_net(self) -> SlotQNetwork:
         net_args = self._update_features_extractor(self.net_args, features_extractor=None)
         return SlotQNetwork(**net_args).to(self.device)
+
+
+class SlotCritic(nn.Module):
+    """SB3's `mlp_extractor` for SlotActorCriticPolicy: the actor's latent is the observation itself (its SlotScorer
+    reads the slots from it), the critic's the state's embedding (the hashed state and the step fraction): a state's
+    value does not depend on the order in which the commands are listed."""
+
+    def __init__(self, features_dim: int, slots: int, width: int, activation_fn: type[nn.Module] = nn.ReLU):
+        super().__init__()
+        self.bag = bag_size(features_dim, slots)
+        self.state = nn.Sequential(nn.Linear(self.bag + 1, width), activation_fn(), nn.Linear(width, width),
+                                   activation_fn())
+        self.latent_dim_pi, self.latent_dim_vf = features_dim, width
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.forward_actor(features), self.forward_critic(features)
+
+    def forward_actor(self, features: torch.Tensor) -> torch.Tensor:
+        return features
+
+    def forward_critic(self, features: torch.Tensor) -> torch.Tensor:
+        return self.state(state_features(features, self.bag))
+
+
+class SlotActorCriticPolicy(ActorCriticPolicy):
+    """`PPO(SlotActorCriticPolicy, env)`: PPO for TextGameDiscreteEnv and RealTextWorldDiscreteEnv. The action logits
+    come from a SlotScorer (one network scores every slot, as SlotDQNPolicy's Q-values do), the value from the state
+    alone (SlotCritic); width: the first entry of net_arch. SB3's MlpPolicy over the same observation has to learn
+    each slot on its own, and did not learn the games (docs/text_cotraining.md)."""
+
+    def _width(self) -> int:
+        arch = self.net_arch.get("pi", []) if isinstance(self.net_arch, dict) else self.net_arch
+        return arch[0] if arch else 64
+
+    def _build_mlp_extractor(self) -> None:
+        self.mlp_extractor = SlotCritic(self.features_dim, int(self.action_space.n), self._width(), self.activation_fn)
+
+    def _build(self, lr_schedule) -> None:
+        super()._build(lr_schedule)
+        self.action_net = SlotScorer(self.features_dim, int(self.action_space.n), self._width(), self.activation_fn)
+        if self.ortho_init:  # as SB3 does for its own action net: a near-uniform first policy
+            self.action_net.score[-1].apply(partial(self.init_weights, gain=0.01))
+        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
 
 
 def make_sim_env(checkpoint: str | os.PathLike = DEFAULT_CHECKPOINT, seed: int = 0, **kwargs: Any) -> TextGameDiscreteEnv:

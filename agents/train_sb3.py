@@ -5,7 +5,8 @@
 
 RT-1: the batched learned simulator (`rlvr_gym.sim.sb3`) on frames block-averaged to --frame-size, MlpPolicy (see
 agents/robot.py for why); scored every --eval-every steps in the MuJoCo tabletop from held-out start states.
-TextGame: `agents.textgame.make_sim_env` / `evaluate_in_real` (same start states, real TextWorld).
+TextGame: `agents.textgame.make_sim_env` / `evaluate_in_real` (same start states, real TextWorld); DQN with
+`SlotDQNPolicy`, PPO with `SlotActorCriticPolicy` (one network scores every action slot).
 Writes to --out: TensorBoard events and progress.csv (SB3's scalars plus real/*), eval.jsonl (one line per real
 evaluation), checkpoints/ (every --save-every steps), model.zip (final) and args.json.
 """
@@ -136,12 +137,14 @@ class RealEvalCallback(BaseCallback):
 def make_model(args: Args, env) -> BaseAlgorithm:
     common = {"learning_rate": args.learning_rate, "batch_size": args.batch_size, "seed": args.seed, "device": "cpu",
               "policy_kwargs": {"net_arch": [64, 64]}, "verbose": 0}
+    # The text game's agents score each action slot with one network shared by the slots (agents.textgame).
+    from agents.textgame import SlotActorCriticPolicy, SlotDQNPolicy
+
     if args.algo == "ppo":
-        return PPO("MlpPolicy", env, n_steps=args.n_steps, n_epochs=4, **common)
+        policy = SlotActorCriticPolicy if args.env == TEXT_ENV else "MlpPolicy"
+        return PPO(policy, env, n_steps=args.n_steps, n_epochs=4, **common)
     if args.algo == "sac":
         return SAC("MlpPolicy", env, buffer_size=args.buffer_size, learning_starts=min(256, args.steps // 2), **common)
-    from agents.textgame import SlotDQNPolicy  # DQN serves the text game: one Q network shared by the action slots
-
     return DQN(SlotDQNPolicy, env, buffer_size=args.buffer_size, learning_starts=min(256, args.steps // 2), **common)
 
 

@@ -15,7 +15,8 @@ TASK+score-data/; each loop in a directory of its own settings, loop-SEED-DIGEST
 same settings, so seeds can run in parallel processes (`--seeds 0`, `--seeds 1`) and a last run with all seeds
 writes the report.
 
-"Tasks" are tabletop tasks (PPO in RLVRWorld-RT1-v0) and `text` (DQN in RLVRWorld-TextGame-v0 on its 32 games).
+"Tasks" are tabletop tasks (PPO in RLVRWorld-RT1-v0) and `text` (DQN, or PPO with `--text-algo ppo`, in
+RLVRWorld-TextGame-v0 on its 32 games).
 Arms, each from the same seeds, each point its real success against the real env steps it has taken so far (data
 and scoring alike):
 - `loop`: `agents.cotrain` (refits by MLE, then GRPO);  `loop-mle`: the same with MLE-only refits (`--grpo-steps 0`);
@@ -138,7 +139,10 @@ def real_arm(config: CoTrainConfig, budget: int, points: int, agents: Path) -> l
     if config.algo == "dqn":
         agent = new_agent(config, env)
     else:  # one real env, so a longer rollout than the loop's 32 steps x 16 sub-envs
-        agent = PPO("MlpPolicy", env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.agent_learning_rate,
+        from agents.textgame import SlotActorCriticPolicy
+
+        policy = SlotActorCriticPolicy if config.env == TEXT_ENV else "MlpPolicy"
+        agent = PPO(policy, env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.agent_learning_rate,
                     seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
         silent(agent)
     scoring = config.eval_episodes * config.steps_per_episode  # an upper bound of each scoring's steps
@@ -269,6 +273,7 @@ def arm_label(task: str, args: argparse.Namespace) -> str:
     label = (f"{label}+dynamics{args.dynamics_steps}"
              if args.dynamics_steps != CoTrainConfig.dynamics_steps and env == RT1_ENV else label)
     label = f"{label}+real-updates" if args.real_updates else label
+    label = f"{label}+ppo" if args.text_algo == "ppo" and env == TEXT_ENV else label
     label = f"{label}+win{args.win_share:g}" if args.win_share and env == TEXT_ENV else label
     label = f"{label}+surprise-outcome" if args.surprise_on == "outcome" and env == TEXT_ENV else label
     label = f"{label}+replay" if args.text_replay and env == TEXT_ENV else label
@@ -314,6 +319,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="rt1-rlvr", help="the tabletop world model")
     parser.add_argument("--text-checkpoint", default="textgame-rlvr", help="the text world model")
+    parser.add_argument("--text-algo", default="dqn", choices=("dqn", "ppo"),
+                        help="the text agent: DQN (SlotDQNPolicy) or PPO (SlotActorCriticPolicy), in every text arm")
     parser.add_argument("--tasks", nargs="+", default=["open_drawer", "close_drawer", "text"],
                         help="tabletop tasks, and `text` for the text games")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -321,7 +328,7 @@ def main() -> None:
     parser.add_argument("--real-steps", type=int, default=400)
     parser.add_argument("--sim-steps", type=int, default=4096, help="simulated agent steps per round (tabletop)")
     parser.add_argument("--text-sim-steps", type=int, default=0,
-                        help="simulated agent steps per round for the text games (one env, DQN); 0: --sim-steps")
+                        help="simulated agent steps per round for the text games (one env); 0: --sim-steps")
     parser.add_argument("--eval-episodes", type=int, default=8)
     parser.add_argument("--mle-steps", type=int, default=60)
     parser.add_argument("--grpo-steps", type=int, default=10)
@@ -373,7 +380,8 @@ def main() -> None:
     runs: dict = {}
     for task in args.tasks:
         for seed in args.seeds:
-            domain = {"env": TEXT_ENV, "algo": "dqn", "checkpoint": args.text_checkpoint, "replay": args.text_replay,
+            domain = {"env": TEXT_ENV, "algo": args.text_algo, "checkpoint": args.text_checkpoint,
+                      "replay": args.text_replay,
                       "real_updates": args.real_updates, "win_share": args.win_share,
                       "surprise_on": args.surprise_on, "score_data": args.score_data} \
                 if task == "text" else {"env": RT1_ENV, "algo": "ppo", "checkpoint": args.checkpoint, "task": task,
@@ -423,6 +431,7 @@ def main() -> None:
                 shaped = f"-shaping{config.shaping:g}" if config.shaping and config.env == RT1_ENV else ""
                 shaped += f"-reach{config.reach:g}" if config.reach and config.env == RT1_ENV else ""
                 shaped += "-state" if config.observation == "state" else ""
+                shaped += "-ppo" if config.algo == "ppo" and config.env == TEXT_ENV else ""
                 curve = directory / f"{kind}-{seed}-{scale * budget}steps{scored}{shaped}.json"
                 agents = curve.with_suffix(".agents")
                 curves[name] = cached(curve, arm_key(config, kind, budget=scale * budget),
@@ -546,7 +555,8 @@ def write_report(args: argparse.Namespace, runs: dict) -> None:
                                        for seed, curves in by_seed.items()}, checked) + ".")
     report = [f"# Sim-to-real: the co-training loop against the same agent in the real env ({', '.join(runs)}; "
               f"seeds {args.seeds})", "",
-              f"World models {args.checkpoint} (tabletop, PPO) and {args.text_checkpoint} (text, DQN); {args.rounds} "
+              f"World models {args.checkpoint} (tabletop, PPO) and {args.text_checkpoint} (text, "
+              f"{args.text_algo.upper()}); {args.rounds} "
               f"rounds of {args.real_steps} real data steps, {args.mle_steps} MLE and {args.grpo_steps} GRPO steps of "
               f"refit and {args.sim_steps} simulated agent steps (text: {args.text_sim_steps or args.sim_steps}); "
               + (f"the loop's agent first learns {args.pretrain_steps} steps in the starting simulator; "

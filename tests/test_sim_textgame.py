@@ -685,6 +685,37 @@ def test_slot_q_network_scores_every_action_slot_with_the_same_weights(no_change
     assert isinstance(model.q_net.q_net, SlotScorer) and model.predict(env.reset()[0])[0] in range(32)
 
 
+def test_slot_actor_critic_ranks_slots_by_what_they_say_and_values_the_state_alone(no_change_checkpoint, tmp_path):
+    from stable_baselines3 import PPO
+
+    from agents.textgame import SlotActorCriticPolicy, SlotScorer
+
+    env = make_sim_env(no_change_checkpoint, seed=0, max_steps=4)
+    model = PPO(SlotActorCriticPolicy, env, n_steps=16, batch_size=16, n_epochs=2, seed=0, device="cpu")
+    policy = model.policy
+    assert isinstance(policy.action_net, SlotScorer)
+    x = torch.as_tensor(np.stack([env.reset(seed=s)[0] for s in (0, 1)]))
+    n, bag = env.action_space.n, x.shape[1] - env.action_space.n * SLOT_FEATURES - 1
+    swapped = x.clone()
+    first, third = slice(bag, bag + SLOT_FEATURES), slice(bag + 2 * SLOT_FEATURES, bag + 3 * SLOT_FEATURES)
+    swapped[:, first], swapped[:, third] = x[:, third], x[:, first]
+    with torch.no_grad():
+        probs = policy.get_distribution(x).distribution.probs
+        probs_swapped = policy.get_distribution(swapped).distribution.probs
+        # A fresh policy is near uniform over the slots, as SB3's own is.
+        assert probs.shape == (2, n) and float((probs - 1 / n).abs().max()) < 0.02
+        torch.testing.assert_close(probs_swapped[:, [2, 1, 0]], probs[:, :3])
+        torch.testing.assert_close(policy.predict_values(swapped), policy.predict_values(x))
+    before = [p.clone() for p in policy.action_net.parameters()]
+    model.learn(32)
+    assert any(not torch.equal(b, p) for b, p in zip(before, policy.action_net.parameters()))
+    model.save(tmp_path / "agent.zip")
+    loaded = PPO.load(tmp_path / "agent.zip", device="cpu")
+    assert isinstance(loaded.policy, SlotActorCriticPolicy)
+    obs = x[0].numpy()
+    assert loaded.predict(obs, deterministic=True)[0] == model.predict(obs, deterministic=True)[0]
+
+
 def test_record_play_writes_each_agents_real_games_as_refit_data_and_resumes(no_change_checkpoint, tmp_path,
                                                                             monkeypatch):
     import gzip
