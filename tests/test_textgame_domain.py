@@ -541,6 +541,9 @@ def test_balance_samples_to_ratio():
     few_unchanged = tg.balance(_kettle_transitions(50, 2), changed=100, unchanged=5, seed=0)
     assert sum(tg.is_changed(t.current, t.next) for t in few_unchanged) == 40 and len(few_unchanged) == 42
     assert len(tg.balance(transitions, changed=1, unchanged=0)) == 50
+    # One kind only (an agent that wins by the shortest path changes the state at every step): all of it is kept.
+    assert sorted(t.state_id for t in tg.balance(_kettle_transitions(7, 0), seed=0)) == list(range(7))
+    assert len(tg.balance(_kettle_transitions(0, 3), seed=0)) == 3
     with pytest.raises(ValueError, match="not both 0"):
         tg.balance(transitions, changed=0, unchanged=0)
 

@@ -285,6 +285,8 @@ def no_change_predictions(transitions: Sequence[Transition]) -> list[str]:
 
 def balance(transitions: Sequence[Transition], changed: int = 100, unchanged: int = 40, seed: int = 0) -> list[Transition]:
     """A shuffled sample with changed:unchanged transitions in the given ratio, keeping all of the scarcer kind.
+    Transitions of one kind only are all kept: no ratio can be met, and keeping none would leave nothing to train on
+    (an agent that wins each game by its shortest path changes the state at every step).
 
     The paper trains on 100:40 for the binary reward and 100:5 for the task-specific one.
     """
@@ -297,6 +299,8 @@ def balance(transitions: Sequence[Transition], changed: int = 100, unchanged: in
     n_changed, n_unchanged = len(kinds[True]), len(kinds[False])
     if changed == 0 or unchanged == 0:
         n_changed, n_unchanged = (n_changed, 0) if unchanged == 0 else (0, n_unchanged)
+    elif n_changed == 0 or n_unchanged == 0:
+        pass
     elif n_changed * unchanged > n_unchanged * changed:
         n_changed = n_unchanged * changed // unchanged
     else:
