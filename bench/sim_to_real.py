@@ -107,7 +107,7 @@ class RealScoring(BaseCallback):
             world = resolve_world(self.config)
             self.model.save(self.agents / f"point{len(self.points)}.zip")  # the agent scored, before it learns from it
             # Text DQN learns from its scorings as the loop does, a gradient step per real step; PPO, on-policy, cannot.
-            if self.config.score_data and self.config.env == TEXT_ENV:
+            if self.config.score_data and self.config.env == TEXT_ENV and self.config.algo == "dqn":
                 with tempfile.TemporaryDirectory() as scored:
                     success, steps = score_text(self.model, self.config, world, Path(scored))
                     learn_from_real(self.model, Path(scored) / AGENT_TRANSITIONS)
@@ -426,8 +426,8 @@ def main() -> None:
                 if name not in args.arms:
                     continue
                 # One file per budget: loops run with other settings take other real steps, and each keeps its baseline.
-                # PPO's real arms do not learn from their scorings: a tabletop real arm's file has no score-data mark.
-                scored = "-score-data" if config.score_data and config.env == TEXT_ENV else ""
+                # PPO's real arms do not learn from their scorings: their files have no score-data mark.
+                scored = "-score-data" if config.score_data and config.algo == "dqn" else ""
                 shaped = f"-shaping{config.shaping:g}" if config.shaping and config.env == RT1_ENV else ""
                 shaped += f"-reach{config.reach:g}" if config.reach and config.env == RT1_ENV else ""
                 shaped += "-state" if config.observation == "state" else ""
