@@ -300,17 +300,23 @@ def new_agent(config: CoTrainConfig, env) -> BaseAlgorithm:
     """The loop's SB3 agent, untrained, on `env` (a learned or a real one)."""
     common = {"learning_rate": config.agent_learning_rate, "seed": config.seed, "device": "cpu",
               "policy_kwargs": {"net_arch": [64, 64]}, "verbose": 0}
-    from agents.textgame import SlotActorCriticPolicy, SlotDQNPolicy
+    from agents.textgame import SlotDQNPolicy
 
     if config.algo == "dqn":
         # Target updates and learning start scaled to a loop's few thousand simulated steps per round.
         agent = DQN(SlotDQNPolicy, env, buffer_size=10_000, learning_starts=min(256, config.sim_steps // 2),
                     batch_size=64, train_freq=1, target_update_interval=500, exploration_fraction=0.3, **common)
     else:
-        policy = SlotActorCriticPolicy if config.env == TEXT_ENV else "MlpPolicy"
-        agent = PPO(policy, env, n_steps=config.n_steps, n_epochs=4,
+        agent = PPO(ppo_policy(config.env), env, n_steps=config.n_steps, n_epochs=4,
                     batch_size=min(128, config.n_steps * env.num_envs), **common)
     return silent(agent)
+
+
+def ppo_policy(env: str):
+    """PPO's policy for `env`: for the text games one network scoring every action slot, else SB3's MlpPolicy."""
+    from agents.textgame import SlotActorCriticPolicy
+
+    return SlotActorCriticPolicy if env == TEXT_ENV else "MlpPolicy"
 
 
 def silent(agent: BaseAlgorithm) -> BaseAlgorithm:

@@ -65,6 +65,7 @@ from agents.cotrain import (
     load_state,
     make_agent,
     new_agent,
+    ppo_policy,
     recorded_config,
     resolve_world,
     run_cotrain,
@@ -139,10 +140,7 @@ def real_arm(config: CoTrainConfig, budget: int, points: int, agents: Path) -> l
     if config.algo == "dqn":
         agent = new_agent(config, env)
     else:  # one real env, so a longer rollout than the loop's 32 steps x 16 sub-envs
-        from agents.textgame import SlotActorCriticPolicy
-
-        policy = SlotActorCriticPolicy if config.env == TEXT_ENV else "MlpPolicy"
-        agent = PPO(policy, env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.agent_learning_rate,
+        agent = PPO(ppo_policy(config.env), env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.agent_learning_rate,
                     seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
         silent(agent)
     scoring = config.eval_episodes * config.steps_per_episode  # an upper bound of each scoring's steps

@@ -69,7 +69,7 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
                               observation="frame", agent_share=0.0, uncertainty_penalty=0.0, dynamics_steps=200,
                               real_updates=False,
                               win_share=0.0, surprise_on="state", text_replay="", pretrain_steps=0,
-                              pretrain_checkpoint="", score_data=False)
+                              pretrain_checkpoint="", score_data=False, text_algo="dqn")
     assert arm_label("close_drawer", args) == "close_drawer"
     assert arm_label("text", args) == "text"
     assert arm_label("close_drawer", replace_args(args, shaping=0.2)) == "close_drawer+shaping0.2"
@@ -91,6 +91,8 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     assert arm_label("text", replace_args(text_refits, text_replay="runs/textworld/train/transitions.jsonl.gz")) \
         == "text+real-updates+win0.2+surprise-outcome+replay"
     assert arm_label("text", replace_args(args, pretrain_steps=4096)) == "text+pretrain4096"
+    assert arm_label("text", replace_args(text_refits, text_algo="ppo")) == "text+real-updates+ppo+win0.2+surprise-outcome"
+    assert arm_label("close_drawer", replace_args(args, text_algo="ppo")) == "close_drawer"  # the tabletop is PPO's
     assert arm_label("text", replace_args(args, pretrain_steps=4096, score_data=True)) == "text+pretrain4096+score-data"
     assert arm_label("text", replace_args(args, pretrain_steps=4096, pretrain_checkpoint="textgame-rlvr",
                                           text_checkpoint="runs/y/final")) \
@@ -170,7 +172,7 @@ def test_the_report_reads_sample_efficiency_off_the_seeds_mean_curve(tmp_path, m
                               text_checkpoint="textgame-rlvr", rounds=2, real_steps=200, mle_steps=40, grpo_steps=5,
                               sim_steps=4096, text_sim_steps=1024, eval_episodes=16, pretrain_steps=2048,
                               observation="frame",
-                              score_data=False, check_episodes=0, shaping=0.0, reach=0.0)
+                              score_data=False, check_episodes=0, shaping=0.0, reach=0.0, text_algo="dqn")
     bench.write_report(args, runs)
     report = (tmp_path / "sim_to_real.md").read_text()
     assert "first learns 2048 steps in the starting simulator" in report
