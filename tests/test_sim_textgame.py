@@ -714,6 +714,16 @@ def test_slot_actor_critic_ranks_slots_by_what_they_say_and_values_the_state_alo
     assert isinstance(loaded.policy, SlotActorCriticPolicy)
     obs = x[0].numpy()
     assert loaded.predict(obs, deterministic=True)[0] == model.predict(obs, deterministic=True)[0]
+    # Every text PPO agent gets it: the co-training loop's and train_sb3's; the tabletop keeps SB3's MlpPolicy.
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from agents import cotrain, train_sb3
+
+    text_loop = cotrain.CoTrainConfig(env=cotrain.TEXT_ENV, algo="ppo", n_steps=16, sim_steps=16)
+    assert isinstance(cotrain.new_agent(text_loop, DummyVecEnv([lambda: env])).policy, SlotActorCriticPolicy)
+    assert cotrain.ppo_policy(cotrain.RT1_ENV) == "MlpPolicy"
+    args = train_sb3.Args(env=train_sb3.TEXT_ENV, algo="ppo", n_steps=16, batch_size=16)
+    assert isinstance(train_sb3.make_model(args, env).policy, SlotActorCriticPolicy)
 
 
 def test_record_play_writes_each_agents_real_games_as_refit_data_and_resumes(no_change_checkpoint, tmp_path,
