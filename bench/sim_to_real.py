@@ -108,7 +108,7 @@ class RealScoring(BaseCallback):
             world = resolve_world(self.config)
             self.model.save(self.agents / f"point{len(self.points)}.zip")  # the agent scored, before it learns from it
             # Text DQN learns from its scorings as the loop does, a gradient step per real step; PPO, on-policy, cannot.
-            if self.config.score_data and self.config.env == TEXT_ENV and self.config.algo == "dqn":
+            if self.config.score_data and self.config.algo == "dqn":  # DQN serves the text games only
                 with tempfile.TemporaryDirectory() as scored:
                     success, steps = score_text(self.model, self.config, world, Path(scored))
                     learn_from_real(self.model, Path(scored) / AGENT_TRANSITIONS)
@@ -140,8 +140,9 @@ def real_arm(config: CoTrainConfig, budget: int, points: int, agents: Path) -> l
     if config.algo == "dqn":
         agent = new_agent(config, env)
     else:  # one real env, so a longer rollout than the loop's 32 steps x 16 sub-envs
-        agent = PPO(ppo_policy(config.env), env, n_steps=256, n_epochs=4, batch_size=64, learning_rate=config.agent_learning_rate,
-                    seed=config.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]}, verbose=0)
+        agent = PPO(ppo_policy(config.env), env, n_steps=256, n_epochs=4, batch_size=64,
+                    learning_rate=config.agent_learning_rate, seed=config.seed, device="cpu",
+                    policy_kwargs={"net_arch": [64, 64]}, verbose=0)
         silent(agent)
     scoring = config.eval_episodes * config.steps_per_episode  # an upper bound of each scoring's steps
     every = max((budget - points * scoring) // points, 256)

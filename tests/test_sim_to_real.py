@@ -91,7 +91,8 @@ def test_simulator_arms_of_another_world_or_a_shaped_reward_keep_their_own_direc
     assert arm_label("text", replace_args(text_refits, text_replay="runs/textworld/train/transitions.jsonl.gz")) \
         == "text+real-updates+win0.2+surprise-outcome+replay"
     assert arm_label("text", replace_args(args, pretrain_steps=4096)) == "text+pretrain4096"
-    assert arm_label("text", replace_args(text_refits, text_algo="ppo")) == "text+real-updates+ppo+win0.2+surprise-outcome"
+    assert arm_label("text", replace_args(text_refits, text_algo="ppo")) \
+        == "text+real-updates+ppo+win0.2+surprise-outcome"
     assert arm_label("close_drawer", replace_args(args, text_algo="ppo")) == "close_drawer"  # the tabletop is PPO's
     assert arm_label("text", replace_args(args, pretrain_steps=4096, score_data=True)) == "text+pretrain4096+score-data"
     assert arm_label("text", replace_args(args, pretrain_steps=4096, pretrain_checkpoint="textgame-rlvr",
